@@ -1,0 +1,73 @@
+# trainyard: the two commands are `make demo` and `make test`; everything else is a building block.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        ?= .venv
+PYTHON      ?= python3
+NODES       ?= 3
+DATA_MTU    ?= 9000
+SIM_NAME    ?= ty
+SIM         := $(VENV)/bin/python tests/sim/simcluster.py
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export TORCH_CUDA_ARCH_LIST ?= 9.0
+
+.PHONY: help venv engine images sim-up sim-down demo test lint unit molecule integration bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.stamp ## create .venv/ with the pinned controller toolchain
+
+$(VENV)/.stamp: requirements.txt requirements-ml.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q -r requirements-ml.txt
+	@# DeepSpeed ships only as an sdist; without GPU ops it builds as a pure-Python wheel.
+	mkdir -p .cache/wheels
+	ls .cache/wheels/deepspeed-0.19.8-*.whl >/dev/null 2>&1 || \
+	  DS_BUILD_OPS=0 $(VENV)/bin/pip wheel -q --no-deps --no-build-isolation -w .cache/wheels deepspeed==0.19.8
+	$(VENV)/bin/pip install -q --no-deps .cache/wheels/deepspeed-0.19.8-*.whl
+	touch $@
+
+engine: ## install and start the docker engine and the local registry (no systemd needed)
+	$(PYTHON) tests/sim/engine.py ensure
+
+images: venv engine ## build (or reuse) the node and training images and push the training image
+	$(SIM) images
+
+sim-up: venv engine ## bring up a simulated cluster: make sim-up NODES=3 DATA_MTU=9000
+	$(SIM) up --name $(SIM_NAME) --nodes $(NODES) --data-mtu $(DATA_MTU)
+
+sim-down: ## remove the simulated cluster: containers, networks, volumes
+	$(SIM) down --name $(SIM_NAME)
+
+demo: sim-up ## run site.yml on a 3-node simulated cluster and leave it running
+	ansible-playbook -i inventory/sim site.yml
+	@echo
+	@echo "The simulated cluster is still running."
+	@echo "  After a crash:  $(VENV)/bin/ansible-playbook -i inventory/sim reset.yml -e reset_confirm=true"
+	@echo "  Job status:     $(VENV)/bin/ansible-playbook -i inventory/sim playbooks/status.yml"
+	@echo "  Tear it down:   make sim-down"
+
+lint: venv ## ansible-lint (production profile) and yamllint
+	yamllint -s .
+	ansible-lint -q --profile production
+
+unit: venv ## unit and property tests (no cluster needed)
+	pytest -q tests/unit
+
+molecule: venv engine ## molecule scenarios (docker driver)
+	$(SIM) images
+	for s in $$(ls molecule); do (cd . && molecule test -s $$s) || exit 1; done
+
+integration: venv engine ## integration tests on simulated clusters
+	pytest -q tests/integration
+
+test: lint unit molecule integration ## everything CI runs
+
+bench: venv engine ## benchmarks: prints a table and writes docs/benchmarks.md
+	$(VENV)/bin/python tests/bench/run.py
+
+clean: sim-down ## remove the simulated cluster and local caches
+	rm -rf .cache runs

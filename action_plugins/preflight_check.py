@@ -1,0 +1,105 @@
+# -*- coding: utf-8 -*-
+"""Record one preflight check result for the current host (controller side, no round trip)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_check
+short_description: Record a preflight check result for the preflight report
+description:
+  - Appends one record (host, check, status, detail, fix) to the non-cached host fact C(preflight_results).
+  - Runs on the controller only; the host is not contacted.
+  - The report play (role C(cluster), C(tasks/report.yml)) collects every host's records,
+    prints them as a node x check table and fails the run when any check failed.
+options:
+  check:
+    description: Name of the check, C(<role>.<what>), e.g. C(network.mtu).
+    type: str
+    required: true
+  ok:
+    description: Whether the check passed. Ignored when I(status) is given.
+    type: bool
+  status:
+    description: Explicit status; C(skip) when a check cannot run, C(warn) for non-fatal findings.
+    type: str
+    choices: [pass, fail, warn, skip]
+  detail:
+    description: What was seen (values, not prose about the check).
+    type: str
+    default: ""
+  fix:
+    description: What the user should do when the check did not pass.
+    type: str
+    default: ""
+  data:
+    description: Structured values for the report (e.g. a pairwise matrix, versions for the drift table).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Record the MTU check
+  preflight_check:
+    check: network.mtu
+    ok: "{{ __network_link.mtu == cluster_data_mtu }}"
+    detail: "eth1 MTU {{ __network_link.mtu }}, expected {{ cluster_data_mtu }}"
+    fix: "Set the MTU of eth1 to {{ cluster_data_mtu }} on this node, or change cluster_data_mtu"
+"""
+
+RETURN = r"""
+preflight_record:
+  description: The record that was appended.
+  returned: always
+  type: dict
+"""
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+
+_STATUSES = ("pass", "fail", "warn", "skip")
+FACT = "preflight_results"
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = self._task.args
+        check = args.get("check")
+        if not check or not isinstance(check, str):
+            raise AnsibleActionFail("preflight_check: 'check' is required, e.g. check: network.mtu")
+        status = args.get("status")
+        if status is None:
+            if "ok" not in args:
+                raise AnsibleActionFail(f"preflight_check {check}: give 'ok' (bool) or 'status'")
+            status = "pass" if boolean(args["ok"], strict=False) else "fail"
+        if status not in _STATUSES:
+            raise AnsibleActionFail(
+                f"preflight_check {check}: status {status!r} is not one of {', '.join(_STATUSES)}"
+            )
+        record = {
+            "host": task_vars.get("inventory_hostname"),
+            "check": check,
+            "status": status,
+            "detail": str(args.get("detail") or ""),
+            "fix": str(args.get("fix") or "") if status != "pass" else "",
+            "data": args.get("data") or {},
+        }
+        previous = [r for r in task_vars.get(FACT) or [] if r.get("check") != check]
+        result.update(
+            changed=False,
+            preflight_record=record,
+            ansible_facts={FACT: previous + [record]},
+            _ansible_facts_cacheable=False,
+        )
+        return result
