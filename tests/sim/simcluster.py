@@ -1,0 +1,453 @@
+#!/usr/bin/env python3
+"""The simulated cluster: GPU-node look-alikes as containers on one machine.
+
+    simcluster.py images                         build (or reuse) the node and training images
+    simcluster.py up   --name ty --nodes 3 --data-mtu 9000
+    simcluster.py down --name ty
+    simcluster.py list
+
+Each node has its own hostname, network namespace, filesystem, /tmp, /dev/shm and process table, runs
+sshd (Ansible connects over SSH) and its own docker engine (so a training container started with
+`--network host` shares that node's network, as on a real cluster). Two networks:
+
+* management (eth0): Ansible/SSH and registry pulls. Never touched by the product.
+* data (eth1): NCCL/gloo traffic; its MTU is chosen at bring-up and tasks may change it per node
+  (the nodes hold NET_ADMIN).
+
+The training image is pushed to the local registry (tests/sim/engine.py) and each node's engine pulls
+it from there. A stand-in `nvidia-smi` (tests/sim/standin/) that replays real captured outputs is copied
+into every node; the nodes have no GPUs.
+
+Everything a cluster creates carries the label trainyard.sim=<name>; `down` removes exactly that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine  # noqa: E402  (sibling module: registry port, cache dir)
+
+CACHE = engine.CACHE_DIR
+LABEL = "trainyard.sim"
+NODE_IMAGE = "trainyard-sim-node"
+TRAIN_REPO = "trainyard/train"
+TRAIN_TAG = "sim"
+SUITE = "bookworm"
+BASE_PACKAGES = ["python3", "openssh-server", "iproute2", "iputils-ping", "procps", "ca-certificates"]
+NODE_PACKAGES = ["docker.io", "iptables", "python3-docker", "python3-apt", "sudo", "kmod"]
+TRAIN_PIP = ["torch==2.13.0", "tensorboard", "numpy"]
+DEFAULT_NAME = "ty"
+
+NODE_INIT = """#!/bin/sh
+# Node init of the simulated cluster: this node's own docker engine, then sshd in the foreground.
+mkdir -p /run/sshd /var/log
+dockerd --storage-driver=overlay2 \\
+  --insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 \\
+  >/var/log/dockerd.log 2>&1 &
+exec /usr/sbin/sshd -D -e
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[sim] {msg}", flush=True)
+
+
+def sh(argv: list[str], check: bool = True, capture: bool = True, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=capture, text=True, **kw)
+    if check and r.returncode != 0:
+        raise SystemExit(f"command failed ({r.returncode}): {' '.join(argv)}\n{r.stdout or ''}{r.stderr or ''}")
+    return r
+
+
+def docker(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return sh(["docker", *args], check=check, **kw)
+
+
+# --------------------------------------------------------------------------- images
+
+def recipe_hash(*parts: object) -> str:
+    """A short tag that changes when an image's recipe (its package lists, init script) changes."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def apt_mirror() -> str:
+    sources = Path("/etc/apt/sources.list.d/debian.sources")
+    if sources.exists():
+        for line in sources.read_text().splitlines():
+            if line.startswith("URIs:"):
+                return line.split()[1]
+    return "http://deb.debian.org/debian"
+
+
+def image_exists(ref: str) -> bool:
+    return docker("image", "inspect", ref, check=False).returncode == 0
+
+
+def base_rootfs() -> Path:
+    tag = recipe_hash(SUITE, BASE_PACKAGES)
+    root = CACHE / f"rootfs-base-{tag}"
+    if (root / ".complete").exists():
+        return root
+    if root.exists():
+        shutil.rmtree(root)
+    log(f"debootstrap {SUITE} (minbase) into {root}; about a minute, cached afterwards")
+    sh(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root),
+        apt_mirror()], capture=True)
+    (root / ".complete").write_text("ok\n")
+    return root
+
+
+def clone_tree(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    sh(["cp", "-a", str(src), str(dst)])
+    (dst / ".complete").unlink(missing_ok=True)
+
+
+def chroot_apt(root: Path, packages: list[str]) -> None:
+    shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+    sh(["chroot", str(root), "apt-get", "update", "-qq"], env=env)
+    sh(["chroot", str(root), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], env=env)
+    sh(["chroot", str(root), "apt-get", "clean"], env=env)
+    policy.unlink()
+    shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+    (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+
+
+def docker_import(root: Path, ref: str, changes: list[str]) -> None:
+    argv = ["docker", "import"]
+    for c in changes:
+        argv += ["--change", c]
+    argv += ["-", ref]
+    tar = subprocess.Popen(["tar", "-C", str(root), "--exclude=./.complete", "-c", "."], stdout=subprocess.PIPE)
+    r = subprocess.run(argv, stdin=tar.stdout, capture_output=True, text=True)
+    tar.stdout.close()
+    if tar.wait() != 0 or r.returncode != 0:
+        raise SystemExit(f"docker import {ref} failed: {r.stderr}")
+
+
+def build_node_image() -> str:
+    ref = f"{NODE_IMAGE}:{recipe_hash(SUITE, BASE_PACKAGES, NODE_PACKAGES, NODE_INIT)}"
+    if image_exists(ref):
+        docker("tag", ref, f"{NODE_IMAGE}:latest")
+        return ref
+    base = base_rootfs()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        root = Path(tmp) / "node"
+        clone_tree(base, root)
+        log(f"installing {' '.join(NODE_PACKAGES)} into the node image")
+        chroot_apt(root, NODE_PACKAGES)
+        init = root / "usr/local/sbin/node-init"
+        init.write_text(NODE_INIT)
+        init.chmod(0o755)
+        sshd_conf = root / "etc/ssh/sshd_config.d/trainyard-sim.conf"
+        sshd_conf.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+                             "MaxSessions 100\nMaxStartups 200\n")
+        for key in (root / "etc/ssh").glob("ssh_host_*"):
+            key.unlink()
+        sh(["chroot", str(root), "ssh-keygen", "-A"])
+        log(f"importing {ref}")
+        docker_import(root, ref, ['CMD ["/usr/local/sbin/node-init"]', "ENV LANG=C.UTF-8"])
+    docker("tag", ref, f"{NODE_IMAGE}:latest")
+    return ref
+
+
+def torch_wheel() -> Path | None:
+    for d in ("/opt/wheels", str(REPO / ".cache/wheels")):
+        for w in sorted(Path(d).glob("torch-2.13.0*cp311*.whl")) if Path(d).is_dir() else []:
+            return w
+    return None
+
+
+def build_train_image() -> str:
+    ref = f"{TRAIN_REPO}:{recipe_hash(SUITE, BASE_PACKAGES, TRAIN_PIP, 'train-v1')}"
+    if image_exists(ref):
+        docker("tag", ref, f"{TRAIN_REPO}:{TRAIN_TAG}")
+        return ref
+    base = base_rootfs()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        root = Path(tmp) / "train"
+        clone_tree(base, root)
+        site = root / "usr/local/lib/python3.11/dist-packages"
+        site.mkdir(parents=True, exist_ok=True)
+        wheel = torch_wheel()
+        pkgs = [str(wheel) if (p.startswith("torch==") and wheel) else p for p in TRAIN_PIP]
+        log(f"installing {' '.join(TRAIN_PIP)} into the training image (CPU torch)")
+        sh([sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--target", str(site), *pkgs])
+        # Console scripts land in the target's bin/ with the builder's interpreter: write our own.
+        shutil.rmtree(site / "bin", ignore_errors=True)
+        for name, target in {"torchrun": "torch.distributed.run", "tensorboard": "tensorboard.main"}.items():
+            script = root / "usr/local/bin" / name
+            script.write_text(f"#!/usr/bin/python3\nimport sys\nfrom {target} import main\nsys.exit(main())\n")
+            script.chmod(0o755)
+        log(f"importing {ref}")
+        docker_import(root, ref, ['CMD ["sleep", "infinity"]', "ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1"])
+    docker("tag", ref, f"{TRAIN_REPO}:{TRAIN_TAG}")
+    return ref
+
+
+def push_train_image() -> str:
+    local = f"{TRAIN_REPO}:{TRAIN_TAG}"
+    remote = f"127.0.0.1:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}"
+    docker("tag", local, remote)
+    image_id = docker("image", "inspect", "-f", "{{.Id}}", local).stdout.strip()
+    stamp = CACHE / "train-pushed"
+    if stamp.exists() and stamp.read_text().strip() == image_id and registry_has(TRAIN_REPO, TRAIN_TAG):
+        return remote
+    log(f"pushing {remote}")
+    docker("push", remote)
+    stamp.write_text(image_id)
+    return remote
+
+
+def registry_has(repo: str, tag: str) -> bool:
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{engine.REGISTRY_PORT}/v2/{repo}/manifests/{tag}",
+                                 method="HEAD",
+                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def cmd_images(_args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    node = build_node_image()
+    train = build_train_image()
+    remote = push_train_image()
+    log(f"images ready in {time.monotonic() - t0:.1f} s: {node}, {train} (registry: {remote})")
+
+
+# --------------------------------------------------------------------------- cluster
+
+def subnets(name: str) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """Management and data subnets for a cluster: 172.28.i.0/24 and 172.29.i.0/24, i from the name."""
+    taken = set()
+    for net in docker("network", "ls", "-q").stdout.split():
+        info = json.loads(docker("network", "inspect", net).stdout)[0]
+        if (info.get("Labels") or {}).get(LABEL) == name:
+            continue
+        for cfg in (info.get("IPAM") or {}).get("Config") or []:
+            if cfg.get("Subnet"):
+                taken.add(cfg["Subnet"])
+    i = zlib.crc32(name.encode()) % 200 + 20
+    for _ in range(220):
+        mgmt, data = f"172.28.{i}.0/24", f"172.29.{i}.0/24"
+        if mgmt not in taken and data not in taken:
+            return ipaddress.ip_network(mgmt), ipaddress.ip_network(data)
+        i = i % 250 + 1
+    raise SystemExit("no free 172.28.x/172.29.x subnet pair for the simulated cluster")
+
+
+def inventory_dir(name: str) -> Path:
+    return REPO / "inventory" / ("sim" if name == DEFAULT_NAME else f"sim-{name}")
+
+
+def state_dir(name: str) -> Path:
+    return REPO / ".sim" / name
+
+
+def node_names(name: str, n: int) -> list[str]:
+    return [f"{name}-node{i}" for i in range(1, n + 1)]
+
+
+def ssh_key(name: str) -> Path:
+    d = state_dir(name)
+    d.mkdir(parents=True, exist_ok=True)
+    key = d / "id_ed25519"
+    if not key.exists():
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"trainyard-sim-{name}", "-f", str(key)])
+    return key
+
+
+def start_node(name: str, node: str, mgmt_net: str, mgmt_ip: str, data_net: str, data_ip: str,
+               image: str) -> None:
+    volume = f"{node}-docker"
+    docker("volume", "create", "--label", f"{LABEL}={name}", volume)
+    docker("run", "-d", "--name", node, "--hostname", node,
+           "--label", f"{LABEL}={name}",
+           "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+           "--security-opt", "seccomp=unconfined", "--security-opt", "systempaths=unconfined",
+           "--tmpfs", "/run", "--tmpfs", "/tmp", "--shm-size", "512m",
+           "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", f"{volume}:/var/lib/docker",
+           "--network", mgmt_net, "--ip", mgmt_ip, image)
+    docker("network", "connect", "--ip", data_ip, data_net, node)
+
+
+def provision_node(node: str, pubkey: str) -> None:
+    """Authorise the cluster's SSH key and copy the stand-in nvidia-smi and its data in."""
+    docker("exec", node, "sh", "-c",
+           "mkdir -p -m 700 /root/.ssh && cat > /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
+           input=pubkey)
+    standin = REPO / "tests/sim/standin"
+    if standin.is_dir():
+        for f in sorted(standin.iterdir()):
+            if f.is_file() and os.access(f, os.X_OK):
+                docker("cp", str(f), f"{node}:/usr/local/bin/{f.name}")
+    data = REPO / "tests/data/nvidia-smi/h200x4"
+    if data.is_dir():
+        docker("exec", node, "mkdir", "-p", "/usr/share/trainyard-standin")
+        docker("cp", f"{data}/.", f"{node}:/usr/share/trainyard-standin/nvidia-smi")
+
+
+def wait_ready(node: str, mgmt_ip: str, key: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    ssh = ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", "-o", "BatchMode=yes", f"root@{mgmt_ip}",
+           "docker", "info", "--format", "{{.ServerVersion}}"]
+    while time.monotonic() < deadline:
+        if subprocess.run(ssh, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"{node}: sshd/dockerd not ready after {timeout:.0f} s "
+                     f"(docker exec {node} cat /var/log/dockerd.log)")
+
+
+def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: list[str], key: Path,
+                    mtu: int, gateway: str) -> Path:
+    inv = inventory_dir(name)
+    (inv / "group_vars").mkdir(parents=True, exist_ok=True)
+    hosts = "\n".join(
+        f"        {n}:\n          ansible_host: {m}\n          data_address: {d}"
+        for n, m, d in zip(nodes, mgmt_ips, data_ips))
+    (inv / "hosts.yml").write_text(
+        f"---\n# Generated by tests/sim/simcluster.py for the simulated cluster '{name}'.\n"
+        "all:\n  children:\n    trainers:\n      hosts:\n"
+        f"{hosts}\n"
+        "  vars:\n"
+        "    ansible_user: root\n"
+        f"    ansible_ssh_private_key_file: {key}\n"
+        "    ansible_python_interpreter: /usr/bin/python3\n")
+    (inv / "group_vars" / "all.yml").write_text(
+        "---\n# Cluster variables, as a user sets them for a real cluster (see inventory/example-3x8-a100/).\n"
+        "# The simulated nodes have no GPUs: a stand-in nvidia-smi replays a real H200 x4 node,\n"
+        "# and the job runs one CPU process per node over gloo.\n"
+        "cluster_gpus_per_node: 4\n"
+        "cluster_nproc_per_node: 1\n"
+        f"cluster_data_mtu: {mtu}\n"
+        "cluster_data_iface: \"\"\n"
+        "cluster_rendezvous_port: 39500\n"
+        "cluster_output_root: /srv/outputs\n"
+        "cluster_shared_root: /srv/shared\n"
+        "cluster_code_dir: /srv/code\n"
+        "cluster_job_name: train\n"
+        "# Pre-imaged nodes: verify, do not install.\n"
+        "nvidia_driver_install: false\n"
+        "fabricmanager_install: false\n"
+        "container_engine_install: false\n"
+        f"container_image: {gateway}:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}\n")
+    meta = {"name": name, "nodes": nodes, "mgmt": mgmt_ips, "data": data_ips, "mtu": mtu,
+            "gateway": gateway, "key": str(key), "inventory": str(inv)}
+    (state_dir(name) / "cluster.json").write_text(json.dumps(meta, indent=2))
+    return inv
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    name = args.name
+    if existing(name):
+        log(f"cluster '{name}' exists; recreating it")
+        cmd_down(args)
+    node_image = build_node_image()
+    if not args.no_train_image:
+        build_train_image()
+        push_train_image()
+    mgmt, data = subnets(name)
+    mgmt_net, data_net = f"{name}-mgmt", f"{name}-data"
+    docker("network", "create", "--label", f"{LABEL}={name}", "--subnet", str(mgmt),
+           "--gateway", str(mgmt.network_address + 1), mgmt_net)
+    docker("network", "create", "--label", f"{LABEL}={name}", "--subnet", str(data),
+           "--gateway", str(data.network_address + 1),
+           "--opt", f"com.docker.network.driver.mtu={args.data_mtu}", data_net)
+    nodes = node_names(name, args.nodes)
+    mgmt_ips = [str(mgmt.network_address + 10 + i) for i in range(1, args.nodes + 1)]
+    data_ips = [str(data.network_address + 10 + i) for i in range(1, args.nodes + 1)]
+    key = ssh_key(name)
+    pubkey = key.with_suffix(".pub").read_text()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda a: start_node(name, a[0], mgmt_net, a[1], data_net, a[2], node_image),
+                      zip(nodes, mgmt_ips, data_ips)))
+        list(pool.map(lambda n: provision_node(n, pubkey), nodes))
+        list(pool.map(lambda a: wait_ready(a[0], a[1], key), zip(nodes, mgmt_ips)))
+    inv = write_inventory(name, nodes, mgmt_ips, data_ips, key, args.data_mtu, str(mgmt.network_address + 1))
+    took = time.monotonic() - t0
+    (state_dir(name) / "bringup_seconds").write_text(f"{took:.1f}\n")
+    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} nodes, data MTU {args.data_mtu}, "
+        f"inventory {inv.relative_to(REPO)}")
+
+
+def existing(name: str) -> bool:
+    return bool(docker("ps", "-aq", "--filter", f"label={LABEL}={name}").stdout.split())
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    name = args.name
+    flt = f"label={LABEL}={name}"
+    containers = docker("ps", "-aq", "--filter", flt).stdout.split()
+    if containers:
+        docker("rm", "-f", "-v", *containers)
+    networks = docker("network", "ls", "-q", "--filter", flt).stdout.split()
+    if networks:
+        docker("network", "rm", *networks)
+    volumes = docker("volume", "ls", "-q", "--filter", flt).stdout.split()
+    if volumes:
+        docker("volume", "rm", "-f", *volumes)
+    inv = inventory_dir(name)
+    if inv.exists():
+        shutil.rmtree(inv)
+    shutil.rmtree(state_dir(name), ignore_errors=True)
+    log(f"cluster '{name}' removed ({len(containers)} containers, {len(networks)} networks, "
+        f"{len(volumes)} volumes)")
+
+
+def cmd_list(_args: argparse.Namespace) -> None:
+    out = docker("ps", "-a", "--filter", f"label={LABEL}", "--format",
+                 '{{.Label "' + LABEL + '"}}\t{{.Names}}\t{{.Status}}').stdout
+    print(out.strip() or "no simulated clusters")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("images").set_defaults(func=cmd_images)
+    up = sub.add_parser("up")
+    up.add_argument("--name", default=DEFAULT_NAME)
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--data-mtu", type=int, default=9000)
+    up.add_argument("--no-train-image", action="store_true", help="skip building/pushing the training image")
+    up.set_defaults(func=cmd_up)
+    down = sub.add_parser("down")
+    down.add_argument("--name", default=DEFAULT_NAME)
+    down.set_defaults(func=cmd_down)
+    sub.add_parser("list").set_defaults(func=cmd_list)
+    args = p.parse_args()
+    if getattr(args, "nodes", 1) < 1 or getattr(args, "nodes", 1) > 64:
+        p.error("--nodes must be between 1 and 64")
+    if hasattr(args, "data_mtu") and not 1280 <= args.data_mtu <= 9216:
+        p.error("--data-mtu must be between 1280 and 9216")
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
