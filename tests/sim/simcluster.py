@@ -296,7 +296,7 @@ def start_node(name: str, node: str, mgmt_net: str, mgmt_ip: str, data_net: str,
 
 def provision_node(node: str, pubkey: str) -> None:
     """Authorise the cluster's SSH key and copy the stand-in nvidia-smi and its data in."""
-    docker("exec", node, "sh", "-c",
+    docker("exec", "-i", node, "sh", "-c",
            "mkdir -p -m 700 /root/.ssh && cat > /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
            input=pubkey)
     standin = REPO / "tests/sim/standin"
