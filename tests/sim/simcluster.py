@@ -178,7 +178,7 @@ def torch_wheel() -> Path | None:
 
 
 def build_train_image() -> str:
-    ref = f"{TRAIN_REPO}:{recipe_hash(SUITE, BASE_PACKAGES, TRAIN_PIP, 'train-v1')}"
+    ref = f"{TRAIN_REPO}:{recipe_hash(SUITE, BASE_PACKAGES, TRAIN_PIP, 'train-v2')}"
     if image_exists(ref):
         docker("tag", ref, f"{TRAIN_REPO}:{TRAIN_TAG}")
         return ref
@@ -194,6 +194,13 @@ def build_train_image() -> str:
         sh([sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--target", str(site), *pkgs])
         # Console scripts land in the target's bin/ with the builder's interpreter: write our own.
         shutil.rmtree(site / "bin", ignore_errors=True)
+        # Headers, C++ test binaries and protoc are not needed to run jobs: a smaller image pulls faster.
+        torch_dir = site / "torch"
+        for sub in ("include", "test"):
+            shutil.rmtree(torch_dir / sub, ignore_errors=True)
+        for f in (torch_dir / "bin").glob("*"):
+            if f.name != "torch_shm_manager" and f.is_file():
+                f.unlink()
         for name, target in {"torchrun": "torch.distributed.run", "tensorboard": "tensorboard.main"}.items():
             script = root / "usr/local/bin" / name
             script.write_text(f"#!/usr/bin/python3\nimport sys\nfrom {target} import main\nsys.exit(main())\n")
