@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""All-reduce bus bandwidth, measured the way nccl-tests reports it, through torch.distributed.
+
+Run under torchrun (one process per GPU, or per CPU slot with gloo):
+
+    torchrun --nnodes=2 --nproc_per_node=2 ... allreduce_bench.py --size-mb 1024 --iters 20 \
+        [--env-file nccl.env] [--json OUT]
+
+busbw = algbw * 2 (n - 1) / n, with algbw = bytes / time per all-reduce and n the world size
+(nccl-tests' definition, so figures compare with all_reduce_perf). Rank 0 prints one JSON line
+prefixed "trainyard-allreduce:" and writes it to --json when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+# Variables torchrun set for this process; an env file never overrides them.
+_LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "NODE_RANK"}
+
+
+def load_env_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines (the format of the rendered nccl.env); comments and blanks skipped."""
+    env: dict[str, str] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line or line.startswith("#") or "=" not in line:
+                continue
+            key, _, value = line.partition("=")
+            key = key.strip()
+            if key.startswith("export "):
+                key = key[len("export "):].strip()
+            env[key] = value.strip().strip('"').strip("'")
+    return env
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes) for one all-reduce of nbytes taking seconds."""
+    if seconds <= 0 or world < 1:
+        raise ValueError("seconds must be positive and world >= 1")
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * (2 * (world - 1) / world if world > 1 else 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mb", type=float, default=1024)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
+    p.add_argument("--env-file", action="append", default=[])
+    p.add_argument("--json", default="")
+    p.add_argument("--label", default="")
+    args = p.parse_args(argv)
+
+    for path in args.env_file:
+        for key, value in load_env_file(path).items():
+            if key not in _LAUNCHER_VARS:
+                os.environ[key] = value
+
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dtype = torch.bfloat16
+    else:
+        device = torch.device("cpu")
+        dtype = torch.float32
+    dist.init_process_group(backend=backend)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    numel = int(args.size_mb * 1024 * 1024) // torch.tensor([], dtype=dtype).element_size()
+    buf = torch.ones(numel, dtype=dtype, device=device)
+    nbytes = buf.numel() * buf.element_size()
+
+    def sync() -> None:
+        if backend == "nccl":
+            torch.cuda.synchronize()
+
+    for _ in range(args.warmup):
+        dist.all_reduce(buf)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        dist.all_reduce(buf)
+    sync()
+    elapsed = (time.perf_counter() - t0) / args.iters
+    # The slowest rank defines the collective's time.
+    t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    elapsed = float(t.item())
+    algbw, busbw = bus_bandwidth(nbytes, elapsed, world)
+    if rank == 0:
+        result = {
+            "label": args.label, "backend": backend, "world_size": world,
+            "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "0")) or 0),
+            "bytes": nbytes, "iters": args.iters, "seconds_per_iter": elapsed,
+            "algbw_gbps": round(algbw, 3), "busbw_gbps": round(busbw, 3), "host": socket.gethostname(),
+            "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        }
+        line = json.dumps(result, sort_keys=True)
+        print(f"trainyard-allreduce: {line}", flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
