@@ -22,7 +22,7 @@ from pathlib import Path
 
 CACHE_DIR = Path(os.environ.get("TRAINYARD_SIM_CACHE", "/var/cache/trainyard-sim"))
 REGISTRY_PORT = int(os.environ.get("TRAINYARD_REGISTRY_PORT", "5055"))
-APT_PACKAGES = ["docker.io", "docker-registry", "debootstrap", "iptables", "openssh-client"]
+APT_PACKAGES = ["docker.io", "docker-registry", "debootstrap", "iptables", "openssh-client", "chromium"]
 DOCKERD_LOG = Path("/var/log/trainyard-dockerd.log")
 
 
