@@ -154,3 +154,22 @@ def render(report: dict) -> str:
 class FilterModule:
     def filters(self):
         return {"trainyard_health_page": render}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python3 filter_plugins/health_page.py REPORT.json OUT.html — render a page from a saved report."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    report = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    Path(args[1]).write_text(render(report), encoding="utf-8")
+    print(args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
