@@ -57,12 +57,11 @@ lint: venv ## ansible-lint (production profile) and yamllint
 unit: venv ## unit and property tests (no cluster needed)
 	pytest -q tests/unit
 
-molecule: venv engine ## molecule scenarios (docker driver)
-	$(SIM) images
-	for s in $$(ls molecule); do (cd . && molecule test -s $$s) || exit 1; done
+molecule: images ## molecule scenarios (docker driver, simulated-node image)
+	set -e; for s in $$(ls molecule); do echo "== molecule test -s $$s"; molecule test -s $$s; done
 
-integration: venv engine ## integration tests on simulated clusters
-	pytest -q tests/integration
+integration: images ## integration tests on simulated clusters
+	pytest -q -p no:cacheprovider tests/integration
 
 test: lint unit molecule integration ## everything CI runs
 

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Benchmark suite (`make bench`): prints tables and writes docs/benchmarks.md.
+
+    python3 tests/bench/run.py [--sizes 2,4,8,16] [--repeats 3] [--only site,faults,...]
+
+What it measures (medians of --repeats runs; ratios measured side by side in one run):
+  bringup   simulated-cluster bring-up time (3 nodes, images cached)
+  site      first site.yml run and converged re-run (changed=0) per cluster size
+  config    converged re-run with Ansible's defaults vs the project's ansible.cfg (ratio)
+  faults    time from `ansible-playbook` start to the named failure, per injected fault
+  scripts   the per-area benchmark scripts (tests/bench/bench_*.py): validation, network, launch, janitor, reset
+Figures are never asserted: this is measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests/integration"))
+from conftest import SimCluster, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
+
+DOC = REPO / "docs/benchmarks.md"
+DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+def timed_playbook(inventory: Path, playbook: str, *args: str, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.monotonic()
+    r = run_playbook(inventory, playbook, *args, env=env)
+    return time.monotonic() - t0, r
+
+
+def changed_total(output: str) -> int:
+    return sum(v["changed"] for v in parse_recap(output).values())
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# --------------------------------------------------------------------------- site runs per size
+
+def bench_site(sizes: list[int], repeats: int) -> tuple[list[dict], list[dict]]:
+    rows, cfg_rows = [], []
+    for n in sizes:
+        name = f"b{n}"
+        log(f"{n} nodes: bring-up")
+        t0 = time.monotonic()
+        c = sim_up(name, nodes=n)
+        up = time.monotonic() - t0
+        try:
+            first, r = timed_playbook(c.inventory, "site.yml")
+            ok_first = r.returncode == 0
+            if not ok_first:
+                log(f"{n} nodes: first site.yml failed:\n{r.stdout[-3000:]}")
+            reruns, changed = [], []
+            for _ in range(repeats):
+                t, r = timed_playbook(c.inventory, "site.yml")
+                reruns.append(t)
+                changed.append(changed_total(r.stdout) if r.returncode == 0 else -1)
+            rows.append({"nodes": n, "bringup_s": up, "first_s": first, "first_ok": ok_first,
+                         "rerun_s": median(reruns), "rerun_changed": max(changed) if changed else None})
+            # Ansible's defaults vs the project's settings, side by side on the same converged cluster.
+            t_proj, _ = timed_playbook(c.inventory, "site.yml")
+            t_def, rd = timed_playbook(c.inventory, "site.yml", env={"ANSIBLE_CONFIG": str(DEFAULTS_CFG)})
+            cfg_rows.append({"nodes": n, "project_s": t_proj, "defaults_s": t_def,
+                             "defaults_ok": rd.returncode == 0, "ratio": t_def / t_proj if t_proj else None})
+        finally:
+            sim_down(name)
+    return rows, cfg_rows
+
+
+# --------------------------------------------------------------------------- faults
+
+@dataclass
+class Fault:
+    name: str
+    expect: str                                   # regex that names the failure in the output
+    inject: Callable[[SimCluster], None] = lambda c: None
+    undo: Callable[[SimCluster], None] = lambda c: None
+    args: list[str] = field(default_factory=list)
+    inventory: Callable[[SimCluster, Path], Path] | None = None
+
+
+def _fault_file(node_index: int, text: str) -> tuple[Callable, Callable]:
+    def inject(c: SimCluster) -> None:
+        c.exec(c.nodes[node_index], ["sh", "-c", f"mkdir -p /etc/trainyard-standin && printf '%s\\n' '{text}' "
+                                                 "> /etc/trainyard-standin/fault"])
+
+    def undo(c: SimCluster) -> None:
+        c.exec(c.nodes[node_index], ["rm", "-f", "/etc/trainyard-standin/fault"])
+    return inject, undo
+
+
+def _bad_inventory(mutate: Callable[[str], str]) -> Callable[[SimCluster, Path], Path]:
+    def build(c: SimCluster, tmp: Path) -> Path:
+        import shutil
+        dst = tmp / "inv"
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(c.inventory, dst)
+        gv = dst / "group_vars/all.yml"
+        gv.write_text(mutate(gv.read_text()))
+        return dst
+    return build
+
+
+def faults() -> list[Fault]:
+    out = [
+        Fault("validation: MTU out of range", r"Stop if.*cluster_data_mtu",
+              inventory=_bad_inventory(lambda s: re.sub(r"cluster_data_mtu: \d+", "cluster_data_mtu: 20000", s))),
+        Fault("validation: port as a string", r"Stop if.*cluster_rendezvous_port",
+              inventory=_bad_inventory(lambda s: s.replace("cluster_rendezvous_port: 39500",
+                                                           "cluster_rendezvous_port: \"39500x\""))),
+        Fault("network: one node's data MTU 1500", r"(?i)mtu",
+              inject=lambda c: c.set_mtu(c.nodes[2], 1500), undo=lambda c: c.set_mtu(c.nodes[2], 9000),
+              args=["-e", "network_manage_mtu=false"]),
+        Fault("network: port held by another process", r"(?i)rendezvous",
+              inject=lambda c: c.exec(c.head, ["sh", "-c", "nohup python3 -c \"import socket,time;s=socket.socket();"
+                                                           "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                                                           "s.bind(('0.0.0.0',39500));s.listen();time.sleep(600)\" "
+                                                           ">/dev/null 2>&1 & echo $! > /tmp/bench-holder.pid"]),
+              undo=lambda c: c.exec(c.head, ["sh", "-c", "kill $(cat /tmp/bench-holder.pid)"], check=False)),
+        Fault("network: port dropped by a firewall", r"(?i)(firewall|drop|timed out)",
+              inject=lambda c: c.exec(c.head, ["iptables", "-I", "INPUT", "-p", "tcp", "--dport", "39500", "-j", "DROP"]),
+              undo=lambda c: c.exec(c.head, ["iptables", "-D", "INPUT", "-p", "tcp", "--dport", "39500", "-j", "DROP"],
+                                    check=False)),
+    ]
+    for label, text, expect in [("fabric state In Progress", "fabric=In Progress", r"(?i)fabric"),
+                                ("driver drift on one node", "driver=570.86.15", r"(?i)driver"),
+                                ("fewer GPUs than configured", "gpus=3", r"(?i)gpu"),
+                                ("fabric manager version differs", "fabricmanager=580.95.05", r"(?i)fabric ?manager")]:
+        inject, undo = _fault_file(1, text)
+        out.append(Fault(f"gpu: {label}", expect, inject=inject, undo=undo))
+    return out
+
+
+def bench_faults(repeats: int) -> list[dict]:
+    import tempfile
+    rows = []
+    c = sim_up("bfault", nodes=3)
+    try:
+        t, r = timed_playbook(c.inventory, "site.yml")  # converge first: faults are then the only difference
+        log(f"fault cluster converged in {t:.1f} s (rc {r.returncode})")
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in faults():
+                times, named = [], True
+                for _ in range(repeats):
+                    inv = f.inventory(c, Path(tmp)) if f.inventory else c.inventory
+                    f.inject(c)
+                    try:
+                        t, r = timed_playbook(inv, "playbooks/preflight.yml", *f.args)
+                    finally:
+                        f.undo(c)
+                    times.append(t)
+                    named = named and r.returncode != 0 and re.search(f.expect, r.stdout) is not None
+                rows.append({"fault": f.name, "seconds": median(times), "named": named})
+                log(f"{f.name}: {median(times):.1f} s, named={named}")
+    finally:
+        sim_down("bfault")
+    return rows
+
+
+# --------------------------------------------------------------------------- per-area scripts
+
+def bench_scripts() -> list[tuple[str, str]]:
+    out = []
+    for script in sorted((REPO / "tests/bench").glob("bench_*.py")):
+        log(f"running {script.name}")
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=3600)
+        text = (r.stdout.strip() or "(no output)") + (f"\n(exit {r.returncode}: {r.stderr[-500:]})" if r.returncode else "")
+        out.append((f"{script.name} ({time.monotonic() - t0:.0f} s)", text))
+        print(text, flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+def machine() -> str:
+    mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), "?")
+    docker = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                            text=True).stdout.strip()
+    return (f"{platform.node()}: {os.cpu_count()} cores, {int(mem) // 1024 // 1024} GiB RAM, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, dockerd {docker}")
+
+
+def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    head = "| " + " | ".join(h for h, _, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = ""
+    for r in rows:
+        cells = []
+        for _, key, fmt in cols:
+            v = r.get(key)
+            cells.append(format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
+    p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
+    p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts"))
+    args = p.parse_args()
+    only = set(args.only.split(","))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sections = [f"# Benchmarks\n\nMachine: {machine()}  \nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  \n"
+                f"Command: `python3 tests/bench/run.py --sizes {args.sizes} --repeats {args.repeats} --only {args.only}` "
+                "(`make bench`)\n"]
+    if "site" in only:
+        rows, cfg = bench_site(sizes, args.repeats)
+        sections.append("## site.yml per cluster size\n\nFirst run (images pulled, everything installed) and converged "
+                        f"re-run (median of {args.repeats}; `changed` must be 0).\n\n" + table(rows, [
+                            ("nodes", "nodes", "d"), ("bring-up s", "bringup_s", ".1f"), ("first run s", "first_s", ".1f"),
+                            ("first ok", "first_ok", ""), ("re-run s", "rerun_s", ".1f"),
+                            ("re-run changed", "rerun_changed", "")]))
+        sections.append("## Project ansible.cfg vs Ansible's defaults (converged re-run, side by side)\n\n"
+                        f"Defaults: `{DEFAULTS_CFG.relative_to(REPO)}` (paths only: no pipelining, no ControlPersist "
+                        "tuning, forks 5, no fact cache).\n\n" + table(cfg, [
+                            ("nodes", "nodes", "d"), ("project s", "project_s", ".1f"), ("defaults s", "defaults_s", ".1f"),
+                            ("defaults / project", "ratio", ".2f")]))
+        print("\n".join(sections[-2:]), flush=True)
+    if "faults" in only:
+        rows = bench_faults(max(1, args.repeats // 2))
+        sections.append("## Time to a named failure, per injected fault (3 nodes, `playbooks/preflight.yml`)\n\n"
+                        + table(rows, [("fault", "fault", ""), ("seconds", "seconds", ".1f"), ("named", "named", "")]))
+        print(sections[-1], flush=True)
+    if "scripts" in only:
+        for title, text in bench_scripts():
+            sections.append(f"## {title}\n\n```\n{text}\n```\n")
+    DOC.write_text("\n".join(sections))
+    log(f"wrote {DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
