@@ -61,6 +61,8 @@ def main() -> int:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
+    if args.logging_dir:  # transformers 5 dropped TrainingArguments.logging_dir; TensorBoard reads this
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", args.logging_dir)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=args.seq_len)
@@ -79,7 +81,7 @@ def main() -> int:
     targs = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size, max_steps=args.max_steps,
         save_steps=args.save_steps, save_strategy="steps", logging_steps=1, bf16=True, deepspeed=args.deepspeed,
-        report_to=["tensorboard"] if args.logging_dir else [], logging_dir=args.logging_dir or None,
+        report_to=["tensorboard"] if args.logging_dir else [],
         learning_rate=1e-3, save_only_model=False, dataloader_num_workers=0, seed=0)
     trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(512, args.seq_len, cfg.vocab_size),
                       callbacks=[FirstStep()])
