@@ -1,0 +1,151 @@
+"""Health probe of the training container: one run answers every check (the role execs it once).
+
+Run as `python3 -c "$(cat container_health.py)" '<json params>'` inside the container, or as a file.
+params: {code_dir, output_root, shared_root, logger_module, shm_size_bytes, ulimits: {name: value}, gpus}
+Prints one JSON line: {check: {ok|status, detail}, ...}. Stdlib only; each check is independent.
+"""
+
+import importlib
+import json
+import os
+import socket
+import sys
+import time
+
+
+def _err(exc):
+    return f"{type(exc).__name__}: {exc}"
+
+
+def check_code_dir(path):
+    if not path:
+        return {"status": "skip", "detail": "no code directory configured"}
+    if os.path.isdir(path):
+        return {"ok": True, "detail": f"{path} exists ({len(os.listdir(path))} entries)"}
+    return {"ok": False, "detail": f"{path} does not exist in the container"}
+
+
+def check_output_writable(path):
+    if not path:
+        return {"status": "skip", "detail": "no output root configured"}
+    probe = os.path.join(path, f".trainyard-probe-{socket.gethostname()}-{os.getpid()}")
+    payload = b"trainyard probe\n"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with open(probe, "rb") as f:
+            back = f.read()
+        os.unlink(probe)
+    except OSError as exc:
+        return {"ok": False, "detail": f"cannot write {probe}: {_err(exc)}"}
+    if back != payload:
+        return {"ok": False, "detail": f"{probe} read back differs from what was written"}
+    return {"ok": True, "detail": f"wrote, read back and removed a probe file in {path}"}
+
+
+def check_shared_readable(path):
+    if not path:
+        return {"status": "skip", "detail": "no shared root configured"}
+    try:
+        entries = os.listdir(path)
+    except OSError as exc:
+        return {"ok": False, "detail": f"cannot list {path}: {_err(exc)}"}
+    return {"ok": True, "detail": f"{path} readable ({len(entries)} entries)"}
+
+
+def check_import(module):
+    t0 = time.monotonic()
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # any import-time failure is the finding
+        return None, {"ok": False, "detail": f"import {module} failed: {_err(exc)}"}
+    version = getattr(mod, "__version__", "") or ""
+    took = time.monotonic() - t0
+    return mod, {"ok": True, "detail": f"import {module} {version} ok ({took:.1f} s)".replace("  ", " "),
+                 "version": str(version)}
+
+
+def check_torch(gpus):
+    torch, res = check_import("torch")
+    if torch is None:
+        return res
+    try:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # a broken CUDA stack raises all sorts
+        return {"ok": False, "detail": f"torch {torch.__version__}: CUDA query failed: {_err(exc)}"}
+    res["cuda_devices"] = n
+    res["detail"] += f", {n} CUDA device(s)"
+    if gpus and n == 0:
+        res.update(ok=False, detail=res["detail"] + ": the node has GPUs but torch sees none")
+    return res
+
+
+_RLIMITS = {
+    "core": "RLIMIT_CORE", "cpu": "RLIMIT_CPU", "data": "RLIMIT_DATA", "fsize": "RLIMIT_FSIZE",
+    "locks": "RLIMIT_LOCKS", "memlock": "RLIMIT_MEMLOCK", "msgqueue": "RLIMIT_MSGQUEUE", "nice": "RLIMIT_NICE",
+    "nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC", "rss": "RLIMIT_RSS", "rtprio": "RLIMIT_RTPRIO",
+    "rttime": "RLIMIT_RTTIME", "sigpending": "RLIMIT_SIGPENDING", "stack": "RLIMIT_STACK",
+}
+
+
+def check_ulimits(wanted):
+    import resource
+
+    if not wanted:
+        return {"status": "skip", "detail": "no ulimits configured"}
+    bad, seen = [], []
+    for name, value in sorted(wanted.items()):
+        attr = _RLIMITS.get(name)
+        if not attr or not hasattr(resource, attr):
+            seen.append(f"{name}=?")
+            continue
+        soft, _hard = resource.getrlimit(getattr(resource, attr))
+        want = int(str(value).split(":", 1)[0])
+        shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        seen.append(f"{name}={shown}")
+        unlimited = soft == resource.RLIM_INFINITY
+        if want == -1 and not unlimited:
+            bad.append(f"{name} is {shown}, wanted unlimited")
+        elif want != -1 and not unlimited and soft < want:
+            bad.append(f"{name} is {shown}, wanted {want}")
+    if bad:
+        return {"ok": False, "detail": "; ".join(bad)}
+    return {"ok": True, "detail": ", ".join(seen)}
+
+
+def check_shm(want):
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as exc:
+        return {"ok": False, "detail": f"/dev/shm: {_err(exc)}"}
+    size = st.f_blocks * st.f_frsize
+    detail = f"/dev/shm {size / 2 ** 30:.2f} GiB"
+    if want and size < want:
+        return {"status": "warn", "detail": f"{detail}, smaller than container_shm_size ({want / 2 ** 30:.2f} GiB)",
+                "size_bytes": size}
+    return {"ok": True, "detail": detail, "size_bytes": size}
+
+
+def main(argv):
+    params = json.loads(argv[1]) if len(argv) > 1 else {}
+    out = {
+        "python": {"ok": True, "detail": f"{sys.executable} {sys.version.split()[0]}"},
+        "code_dir": check_code_dir(params.get("code_dir")),
+        "output_writable": check_output_writable(params.get("output_root")),
+        "shared_readable": check_shared_readable(params.get("shared_root")),
+        "ulimits": check_ulimits(params.get("ulimits") or {}),
+        "shm": check_shm(int(params.get("shm_size_bytes") or 0)),
+    }
+    logger = params.get("logger_module")
+    out["logger"] = check_import(logger)[1] if logger else {"status": "skip", "detail": "no logger configured"}
+    out["torch"] = check_torch(bool(params.get("gpus")))
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

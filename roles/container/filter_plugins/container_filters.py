@@ -1,0 +1,279 @@
+# -*- coding: utf-8 -*-
+"""Pure helpers of the container role: image references, the same-image-everywhere verdict, the running
+container's configuration against the wanted one, and the in-container health results as preflight records.
+
+Everything here takes plain data (dicts, lists, strings) and returns plain data, so it is unit-tested
+without a cluster (tests/unit/test_container_filters.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
+
+
+_RAISE = object()
+
+
+def size_bytes(value, invalid=_RAISE) -> int:
+    """'16g' / '512m' / '1GiB' / 1073741824 -> bytes (docker's binary units).
+
+    A value that is not a size raises ValueError, or returns `invalid` when one is given.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = None if isinstance(value, bool) else _SIZE.match(str(value))
+    if not m:
+        if invalid is not _RAISE:
+            return invalid
+        raise ValueError(f"not a size: {value!r} (use e.g. 16g, 512m)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def human_bytes(n) -> str:
+    n = int(n)
+    for unit, div in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} B"
+
+
+def image_repository(ref: str) -> str:
+    """Repository part of an image reference: 'reg:5000/a/b:tag' -> 'reg:5000/a/b'; digests stripped too."""
+    ref = (ref or "").strip()
+    ref = ref.split("@", 1)[0]
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        ref = ref[:colon]
+    return ref
+
+
+def image_pinned_digest(ref: str) -> str:
+    """'repo@sha256:...' -> 'sha256:...'; '' when the reference is not pinned by digest."""
+    return ref.split("@", 1)[1] if "@" in (ref or "") else ""
+
+
+def image_identity(info: dict | None, ref: str) -> dict:
+    """What this node resolved `ref` to, from docker_image_info's image dict (None: not present).
+
+    id: the image ID (digest of its config: same content, same ID, whatever the registry);
+    repo_digest: the registry manifest digest for the reference's repository, when the image came from a pull.
+    """
+    if not info:
+        return {"present": False, "id": "", "repo_digest": ""}
+    repo = image_repository(ref)
+    digest = ""
+    for rd in info.get("RepoDigests") or []:
+        name, _, dg = rd.partition("@")
+        if name == repo and dg:
+            digest = dg
+            break
+    return {"present": True, "id": info.get("Id") or "", "repo_digest": digest,
+            "created": info.get("Created") or ""}
+
+
+def _short(digest: str) -> str:
+    return digest.split(":", 1)[-1][:12] if digest else "-"
+
+
+def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict:
+    """Does `host` run the same image as every other node (and the pinned digest, when one is given)?
+
+    fleet: [{host, present, id, repo_digest}, ...] for every node of the play.
+    pinned: optional 'sha256:...' the user requires (matches the image ID or the registry digest).
+    Returns {ok, detail, fix, reference, hosts_differing}.
+    """
+    by_host = {f["host"]: f for f in fleet if f.get("host")}
+    mine = by_host.get(host) or {"present": False, "id": "", "repo_digest": ""}
+    pinned = pinned or image_pinned_digest(image)
+    if not mine.get("present"):
+        return {"ok": False, "reference": "", "hosts_differing": [host],
+                "detail": f"{image} is not present on this node",
+                "fix": f"Pull it: run site.yml (container role), or docker pull {image} on this node; "
+                       "check the registry address and credentials (container_registry_*)"}
+    present = {h: f for h, f in by_host.items() if f.get("present") and f.get("id")}
+    if pinned:
+        reference = pinned
+        differing = sorted(h for h, f in present.items() if pinned not in (f["id"], f.get("repo_digest")))
+        why = f"the pinned digest {pinned}"
+    else:
+        counts = Counter(f["id"] for f in present.values())
+        ranked = counts.most_common()
+        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+            # No majority: every node is suspect, name the groups.
+            groups = {}
+            for h, f in sorted(present.items()):
+                groups.setdefault(f["id"], []).append(h)
+            listing = "; ".join(f"{_short(i)} on {', '.join(hs)}" for i, hs in groups.items())
+            return {"ok": False, "reference": "", "hosts_differing": sorted(present),
+                    "detail": f"{image} resolved to different images with no majority: {listing}",
+                    "fix": f"Make the registry serve one image for {image} to every node (check mirrors, "
+                           "proxies, DNS and /etc/hosts on these nodes), then rerun with "
+                           "container_pull_always=true; or pin container_image to repo@sha256:<digest>"}
+        reference = ranked[0][0] if ranked else ""
+        differing = sorted(h for h, f in present.items() if f["id"] != reference)
+        why = f"the image on {len(present) - len(differing)} of {len(present)} nodes"
+    mine_ok = host not in differing
+    mine_desc = f"image {_short(mine['id'])}" + (f", registry digest {_short(mine['repo_digest'])}"
+                                                 if mine.get("repo_digest") else "")
+    if mine_ok:
+        detail = f"{image}: {mine_desc}, same as {why}"
+        if differing:
+            detail += f" (differing: {', '.join(differing)})"
+        return {"ok": True, "reference": reference, "hosts_differing": differing, "detail": detail, "fix": ""}
+    return {"ok": False, "reference": reference, "hosts_differing": differing,
+            "detail": f"{image} resolved to {mine_desc} on this node, expected {_short(reference)} "
+                      f"({why}); nodes differing: {', '.join(differing)}",
+            "fix": f"This node pulled a different image for {image}: check its registry route (mirror, proxy, "
+                   "DNS, /etc/hosts, NAT), remove the image there (docker image rm) and rerun with "
+                   "container_pull_always=true; pin container_image to repo@sha256:<digest> to stop drift"}
+
+
+def mount_target(mount: dict) -> str:
+    """Path of a container_mounts entry inside the container (its source unless target is given)."""
+    return mount.get("target") or mount.get("source") or ""
+
+
+def mounts_spec(mounts: list) -> list:
+    """container_mounts entries -> docker_container `mounts` (bind mounts, same path inside by default)."""
+    out = []
+    for m in mounts or []:
+        out.append({"type": "bind", "source": m["source"], "target": mount_target(m),
+                    "read_only": bool(m.get("read_only", False))})
+    return out
+
+
+def ulimits_spec(ulimits: dict) -> list:
+    """{memlock: -1, stack: 67108864, nofile: '1024:4096'} -> ['memlock:-1:-1', 'stack:...', 'nofile:1024:4096']."""
+    out = []
+    for name, value in sorted((ulimits or {}).items()):
+        value = str(value)
+        soft, _, hard = value.partition(":")
+        out.append(f"{name}:{soft}:{hard or soft}")
+    return out
+
+
+def config_problems(inspect: dict | None, expected: dict) -> list:
+    """Differences between a container's inspect data and what the role wants (empty list: as wanted).
+
+    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool}
+    """
+    if not inspect:
+        return ["container does not exist"]
+    problems = []
+    state = inspect.get("State") or {}
+    if not state.get("Running"):
+        problems.append(f"not running (status {state.get('Status', '?')}, exit code {state.get('ExitCode', '?')}"
+                        + (f", error: {state['Error']}" if state.get("Error") else "") + ")")
+    host = inspect.get("HostConfig") or {}
+    for key, field in (("network_mode", "NetworkMode"), ("ipc_mode", "IpcMode"), ("pid_mode", "PidMode")):
+        want = expected.get(key)
+        if want and (host.get(field) or "") != want:
+            problems.append(f"{key} is {host.get(field) or 'default'!s}, expected {want}")
+    want_image = expected.get("image_id")
+    if want_image and inspect.get("Image") and inspect["Image"] != want_image:
+        problems.append(f"runs image {_short(inspect['Image'])}, the node's {expected.get('image', 'image')} "
+                        f"is {_short(want_image)}")
+    have = {m.get("Destination"): m for m in inspect.get("Mounts") or []}
+    for m in mounts_spec(expected.get("mounts") or []):
+        got = have.get(m["target"])
+        if not got:
+            problems.append(f"mount {m['target']} missing")
+            continue
+        if got.get("Source") and got["Source"] != m["source"]:
+            problems.append(f"mount {m['target']} comes from {got['Source']}, expected {m['source']}")
+        if bool(got.get("RW", True)) == m["read_only"]:
+            problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
+                            f"{'ro' if m['read_only'] else 'rw'}")
+    if expected.get("gpus"):
+        reqs = host.get("DeviceRequests") or []
+        if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
+            problems.append("no GPU device request (the node has GPUs)")
+    return problems
+
+
+_HEALTH_FIX = {
+    "code_dir": "Create the code directory on the node ({path}) and put the training code there, "
+                "or set cluster_code_dir / container_mounts",
+    "output_writable": "The output root {path} is not writable inside the container: check the node's disk "
+                       "(mount -o remount,rw, df -h, dmesg for I/O errors) and that container_mounts does not "
+                       "mount it read-only",
+    "shared_readable": "The shared root {path} is not readable inside the container: mount the shared "
+                       "filesystem on the node (findmnt {path}) and check its permissions",
+    "logger": "The training code logs through {module}, which the image cannot import: add it to the image "
+              "(pip install {module}), or set container_logger_module to the logger the code uses",
+    "python": "The image has no working {python}: use an image with Python, or set container_python",
+    "torch": "torch does not import in the image: install torch in the image (matching the node's CUDA driver)",
+    "ulimits": "The engine could not give the container these limits: raise them for dockerd "
+               "(LimitMEMLOCK=infinity / LimitSTACK in docker.service) and recreate the container",
+    "shm": "/dev/shm is the node's (ipc_mode host): enlarge it on the node (mount -o remount,size={want} "
+           "/dev/shm, or in /etc/fstab), or lower container_shm_size",
+}
+
+
+def health_records(exec_result: dict | None, params: dict) -> list:
+    """docker_container_exec result of files/container_health.py -> preflight_check records.
+
+    params: {code_dir, output_root, shared_root, logger_module, python, shm_size, ulimits, container}
+    Each record: {check, status, detail, fix}.
+    """
+    import json
+
+    names = ["code_dir", "output_writable", "shared_readable", "logger", "python", "torch", "ulimits", "shm"]
+    fmt = {"path": "", "module": params.get("logger_module", ""), "python": params.get("python", "python3"),
+           "want": params.get("shm_size", "")}
+    paths = {"code_dir": params.get("code_dir"), "output_writable": params.get("output_root"),
+             "shared_readable": params.get("shared_root")}
+
+    def rec(name, status, detail, fix=""):
+        return {"check": f"container.health.{name}", "status": status, "detail": detail, "fix": fix}
+
+    if not exec_result or exec_result.get("skipped"):
+        reason = (exec_result or {}).get("skip_reason") or "the container is not running"
+        return [rec(n, "skip", f"not checked: {reason}") for n in names]
+    data = None
+    for line in reversed((exec_result.get("stdout") or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if data is None:
+        err = (exec_result.get("stderr") or exec_result.get("msg") or "").strip().splitlines()
+        why = err[-1] if err else f"exit code {exec_result.get('rc', '?')}"
+        records = [rec("python", "fail", f"{fmt['python']} did not run in {params.get('container', 'the container')}"
+                       f": {why}", _HEALTH_FIX["python"].format(**fmt))]
+        records += [rec(n, "skip", "not checked: the health probe could not run") for n in names if n != "python"]
+        return records
+    out = []
+    for name in names:
+        r = data.get(name)
+        if r is None:
+            out.append(rec(name, "skip", "not reported by the probe"))
+            continue
+        f = dict(fmt, path=paths.get(name) or "")
+        status = r.get("status") or ("pass" if r.get("ok") else "fail")
+        out.append(rec(name, status, r.get("detail", ""), "" if status == "pass" else _HEALTH_FIX[name].format(**f)))
+    return out
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "container_size_bytes": size_bytes,
+            "container_human_bytes": human_bytes,
+            "container_image_repository": image_repository,
+            "container_image_identity": image_identity,
+            "container_digest_verdict": digest_verdict,
+            "container_mount_target": mount_target,
+            "container_mounts_spec": mounts_spec,
+            "container_ulimits_spec": ulimits_spec,
+            "container_config_problems": config_problems,
+            "container_health_records": health_records,
+        }
