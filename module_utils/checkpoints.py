@@ -1,0 +1,521 @@
+#!/usr/bin/env python3
+"""Checkpoint completeness and the checkpoint janitor (stdlib only).
+
+Imported by the launch module (``latest_complete_checkpoint`` for resume) and shipped to every node as the
+janitor script::
+
+    python3 checkpoints.py --root /srv/outputs --log janitor.log [--dry-run] [--loop --interval 60]
+                           [--keep PATTERN ...] [--min-size BYTES] [--no-keep-full-latest]
+                           [--completion marker|marker_or_superseded] [--json]
+
+What counts as a checkpoint
+    A directory named ``checkpoint-<N>`` (N decimal) found under the output root without following any
+    symlink (depth-limited walk, ``--max-depth``). Checkpoints are grouped by their parent directory (one
+    HF Trainer run directory each); numbering, "newest" and "latest complete" are decided per group.
+    ``tmp-checkpoint-N``, ``checkpoint-abc``, symlinked checkpoint directories and anything else are left
+    alone.
+
+When a checkpoint is complete
+    HF Trainer's ``_save_checkpoint`` writes, in order: the model (LoRA adapter), the optimizer/scheduler
+    (under DeepSpeed: ``global_stepN/`` partitions of every rank, then ``latest`` after a barrier), the
+    RNG states, and last ``trainer_state.json``. The completion marker is therefore ``trainer_state.json``:
+    a regular file (not a symlink) that parses as JSON (a torn write is not a marker). ``--marker`` changes
+    it for other trainers.
+
+    Only the process that saves (rank 0) writes the marker. On the other nodes of a multi-node run with a
+    node-local output root, ``checkpoint-N/`` holds only that node's ZeRO partitions and never a marker.
+    There the janitor runs with ``--completion marker_or_superseded``: a checkpoint also counts as complete
+    once a newer ``checkpoint-M`` directory exists in the same run directory (a rank only starts save M
+    after its own writes for N returned, and cannot reach step M before rank 0 passed save N). The resume
+    point (``latest_complete_checkpoint``) always uses the marker alone: compute it on the head node.
+
+What the janitor deletes, and what it never touches
+    * Never anything outside the output root; never through a symlink (every decision uses lstat, and
+      deletion walks the tree with ``O_NOFOLLOW`` directory descriptors, so a directory swapped for a
+      symlink after planning is refused, not followed); never a symlink itself.
+    * Never the newest checkpoint of a run directory (complete or not): it is left alone until a newer one
+      is complete. Never an incomplete checkpoint.
+    * By default (``--keep-full-latest``) never the latest complete checkpoint, and never the
+      ``best_model_checkpoint`` named in the newest trainer state: resume and ``load_best_model_at_end``
+      need their DeepSpeed state.
+    * Never a file protected by a keep pattern: adapter weights and config (``adapter_*``, anything named
+      ``*adapter*``), tokenizer files, ``trainer_state.json``, ``training_args.bin``, RNG, scheduler and
+      scaler states, model config, README; plus the user's ``--keep`` patterns (fnmatch on the name and on
+      the path relative to the checkpoint). Never a file smaller than ``--min-size`` bytes.
+    * In the other complete checkpoints it deletes the large non-LoRA state: every file under DeepSpeed's
+      ``global_step*`` directories (then the emptied directories), optimizer and ZeRO partition files
+      (``optimizer.pt``, ``*optim_states.pt``, ``zero_pp_rank_*``, ``mp_rank_*_model_states.pt``, ...), and
+      full-model shards (``model*.safetensors``, ``pytorch_model*.bin`` and their indexes, FSDP shards).
+      DeepSpeed's ``latest`` tag file and ``zero_to_fp32.py``/``zero_to_torch.py`` go with ``global_step*`` (they only describe it).
+
+Each real deletion is logged with the bytes it freed; ``--dry-run`` lists what would go, with sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import fnmatch
+import json
+import os
+import re
+import signal
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+DEFAULT_MARKERS = ("trainer_state.json",)
+COMPLETION_MODES = ("marker", "marker_or_superseded")
+
+# Always kept, whatever the user passes: what a LoRA user needs from a checkpoint.
+PROTECTED_PATTERNS = (
+    "*adapter*",  # adapter_model.safetensors/.bin, adapter_config.json (also per-adapter subdirectories)
+    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.model",
+    "chat_template.*", "preprocessor_config.json",
+    "trainer_state.json", "training_args.bin",
+    "rng_state*.pth", "scheduler.pt", "scaler.pt",
+    "config.json", "generation_config.json", "README.md",
+)
+
+# Large non-LoRA state outside global_step*: optimizer, ZeRO partitions, full model shards.
+DELETE_PATTERNS = (
+    "optimizer.pt", "optimizer.bin", "optimizer_*.bin", "optimizer*.pt",
+    "*optim_states.pt", "zero_pp_rank_*", "mp_rank_*_model_states.pt", "*_model_states.pt",
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
+    "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json",
+    "pytorch_model_fsdp*", "*.distcp",
+)
+# Go with global_step*: they only describe it.
+DEEPSPEED_SIDE_FILES = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
+GLOBAL_STEP_RE = re.compile(r"^global_step\d+$")
+
+
+# --------------------------------------------------------------------------------------------- discovery
+
+@dataclass
+class Checkpoint:
+    path: str          # absolute path (under the resolved root)
+    parent: str        # run directory
+    name: str
+    step: int
+    complete: bool = False
+    marker: bool = False
+
+
+@dataclass
+class Deletion:
+    path: str
+    size: int
+    checkpoint: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    root: str
+    deletions: list = field(default_factory=list)
+    dirs: list = field(default_factory=list)          # directories to remove once empty (deepest first)
+    kept_full: list = field(default_factory=list)     # complete checkpoints kept whole, with why
+    skipped: list = field(default_factory=list)       # checkpoints left alone, with why
+    checkpoints: int = 0
+    scanned_files: int = 0
+    scan_seconds: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.size for d in self.deletions)
+
+    def as_dict(self) -> dict:
+        return {"root": self.root, "deletions": [asdict(d) for d in self.deletions], "dirs": self.dirs,
+                "kept_full": self.kept_full, "skipped": self.skipped, "checkpoints": self.checkpoints,
+                "scanned_files": self.scanned_files, "scan_seconds": round(self.scan_seconds, 4),
+                "total_bytes": self.total_bytes}
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def has_marker(ckpt_dir: str, markers=DEFAULT_MARKERS) -> bool:
+    """True when every marker is a regular file in ckpt_dir; a ``.json`` marker must also parse."""
+    for m in markers:
+        p = os.path.join(ckpt_dir, m)
+        if not _is_regular(p):
+            return False
+        if m.endswith(".json"):
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    json.loads(f.read(4 * 1024 * 1024) or b"!")
+            except (OSError, ValueError):
+                return False
+    return True
+
+
+def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
+    """Every ``checkpoint-N`` directory under root (real directories only, no symlink followed)."""
+    found: list[Checkpoint] = []
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    if not e.is_dir(follow_symlinks=False):
+                        continue
+                except OSError:
+                    continue
+                m = CHECKPOINT_RE.match(e.name)
+                if m:
+                    found.append(Checkpoint(path=e.path, parent=d, name=e.name, step=int(m.group(1))))
+                elif depth + 1 < max_depth:
+                    stack.append((e.path, depth + 1))
+    return found
+
+
+def _groups(ckpts: list[Checkpoint]) -> dict[str, list[Checkpoint]]:
+    out: dict[str, list[Checkpoint]] = {}
+    for c in ckpts:
+        out.setdefault(c.parent, []).append(c)
+    for lst in out.values():
+        lst.sort(key=lambda c: (c.step, c.name))
+    return out
+
+
+def _resolve_root(root: str) -> str:
+    return os.path.realpath(os.path.abspath(root))
+
+
+def latest_complete_checkpoint(root: str, markers=DEFAULT_MARKERS, max_depth: int = 1) -> str | None:
+    """The newest ``root/checkpoint-N`` whose completion marker (``trainer_state.json``) exists, else None.
+
+    Only direct children of root by default (HF Trainer's output_dir); a partially written newer checkpoint
+    (crash during save) is skipped. Uses the marker alone: call it where rank 0 saves (the head node).
+    """
+    if not os.path.isdir(root):
+        return None
+    rroot = _resolve_root(root)
+    ckpts = [c for c in find_checkpoints(rroot, max_depth=max_depth)]
+    best = None
+    for c in ckpts:
+        if has_marker(c.path, markers) and (best is None or (c.step, c.name) > (best.step, best.name)):
+            best = c
+    if best is None:
+        return None
+    # Report it under the path the caller gave (the container mounts the root at the same path).
+    return os.path.join(root.rstrip("/") or "/", os.path.relpath(best.path, rroot))
+
+
+def _best_model_name(ckpt_dir: str) -> str | None:
+    try:
+        fd = os.open(os.path.join(ckpt_dir, "trainer_state.json"), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            best = json.loads(f.read(4 * 1024 * 1024)).get("best_model_checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return os.path.basename(str(best).rstrip("/")) if best else None
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+def _matches(name: str, rel: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan) -> None:
+    """Add the deletable files of one complete checkpoint to the plan (lstat only, no symlink followed)."""
+    protected = PROTECTED_PATTERNS + tuple(keep)
+    has_global_step = False
+    # (directory path, path relative to the checkpoint, inside a global_step* directory)
+    stack = [(ckpt.path, "", False)]
+    gs_dirs: list[str] = []
+    while stack:
+        d, rel_d, in_gs = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                rel = f"{rel_d}{e.name}"
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                plan.scanned_files += 1
+                if stat.S_ISDIR(st.st_mode):
+                    gs = in_gs or bool(GLOBAL_STEP_RE.match(e.name))
+                    if gs:
+                        has_global_step = True
+                        gs_dirs.append(e.path)
+                    stack.append((e.path, rel + "/", gs))
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # symlinks, sockets, fifos: never touched
+                if _matches(e.name, rel, protected):
+                    continue
+                if st.st_size < min_size:
+                    continue
+                if in_gs:
+                    reason = "deepspeed global_step"
+                elif rel_d == "" and e.name in DEEPSPEED_SIDE_FILES:
+                    reason = "deepspeed tag/helper"
+                elif _matches(e.name, rel, DELETE_PATTERNS):
+                    reason = "optimizer/zero/full-model state"
+                else:
+                    continue
+                plan.deletions.append(Deletion(path=e.path, size=st.st_size, checkpoint=ckpt.path, reason=reason))
+    if not has_global_step:
+        # latest / zero_to_fp32.py only go together with the state they describe.
+        plan.deletions[:] = [x for x in plan.deletions
+                             if not (x.checkpoint == ckpt.path and x.reason == "deepspeed tag/helper")]
+    plan.dirs.extend(sorted(gs_dirs, key=lambda p: p.count(os.sep), reverse=True))
+
+
+def plan(root: str, keep=(), min_size: int = 0, keep_full_latest: bool = True, markers=DEFAULT_MARKERS,
+         completion: str = "marker", max_depth: int = 4) -> Plan:
+    """What the janitor would delete under root now (see the module docstring for the rules)."""
+    if completion not in COMPLETION_MODES:
+        raise ValueError(f"completion must be one of {COMPLETION_MODES}, not {completion!r}")
+    t0 = time.monotonic()
+    rroot = _resolve_root(root)
+    p = Plan(root=rroot)
+    if not os.path.isdir(rroot):
+        p.scan_seconds = time.monotonic() - t0
+        return p
+    ckpts = find_checkpoints(rroot, max_depth=max_depth)
+    p.checkpoints = len(ckpts)
+    for parent, group in _groups(ckpts).items():
+        for c in group:
+            c.marker = has_marker(c.path, markers)
+        newest_step = group[-1].step
+        for i, c in enumerate(group):
+            superseded = completion == "marker_or_superseded" and c.step < newest_step
+            c.complete = c.marker or superseded
+        complete = [c for c in group if c.complete]
+        keep_full: dict[str, str] = {}
+        if keep_full_latest and complete:
+            keep_full[complete[-1].path] = "latest complete (resume)"
+            marked = [c for c in group if c.marker]
+            if marked:
+                best = _best_model_name(marked[-1].path)
+                for c in group:
+                    if best and c.name == best and c.path not in keep_full:
+                        keep_full[c.path] = "best_model_checkpoint"
+        newest = group[-1]
+        for c in group:
+            if c is newest or c.step == newest.step:
+                p.skipped.append({"path": c.path, "why": "newest" + ("" if c.complete else " (incomplete)")})
+            elif not c.complete:
+                p.skipped.append({"path": c.path, "why": "incomplete"})
+            elif c.path in keep_full:
+                p.kept_full.append({"path": c.path, "why": keep_full[c.path]})
+            else:
+                _scan_checkpoint(c, tuple(keep), int(min_size), p)
+    p.scan_seconds = time.monotonic() - t0
+    return p
+
+
+# ------------------------------------------------------------------------------------------- deleting
+
+def _within(root: str, path: str) -> str:
+    rel = os.path.relpath(path, root)
+    if rel == "." or rel.startswith("..") or os.path.isabs(rel):
+        raise ValueError(f"{path} is not inside {root}")
+    return rel
+
+
+def _open_parent(root_fd: int, rel: str) -> tuple[int, str]:
+    """Open the directory holding rel under root_fd, component by component, refusing any symlink."""
+    parts = rel.split(os.sep)
+    fd = os.dup(root_fd)
+    try:
+        for comp in parts[:-1]:
+            nfd = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def execute(p: Plan, log=None) -> dict:
+    """Delete what the plan lists; returns {freed, deleted, errors, dirs_removed}. Logs each deletion."""
+    result = {"freed": 0, "deleted": 0, "dirs_removed": 0, "errors": []}
+    try:
+        root_fd = os.open(p.root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        result["errors"].append(f"{p.root}: {e.strerror}")
+        return result
+    try:
+        for d in p.deletions:
+            try:
+                rel = _within(p.root, d.path)
+                pfd, name = _open_parent(root_fd, rel)
+                try:
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise OSError(errno.EPERM, "no longer a regular file")
+                    os.unlink(name, dir_fd=pfd)
+                finally:
+                    os.close(pfd)
+            except FileNotFoundError:
+                continue  # the trainer rotated it away meanwhile
+            except (OSError, ValueError) as e:
+                result["errors"].append(f"{d.path}: {getattr(e, 'strerror', None) or e}")
+                continue
+            result["freed"] += st.st_size
+            result["deleted"] += 1
+            if log:
+                log(f"deleted {st.st_size} bytes {d.path} ({d.reason})")
+        for d in p.dirs:
+            try:
+                pfd, name = _open_parent(root_fd, _within(p.root, d))
+                try:
+                    os.rmdir(name, dir_fd=pfd)
+                finally:
+                    os.close(pfd)
+                result["dirs_removed"] += 1
+                if log:
+                    log(f"removed empty directory {d}")
+            except (OSError, ValueError):
+                continue  # not empty (kept files, symlinks) or gone: fine
+    finally:
+        os.close(root_fd)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def _human(n: int) -> str:
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.1f} {unit}" if unit != "B" else f"{int(v)} B"
+        v /= 1024
+    return f"{n} B"
+
+
+class _Logger:
+    def __init__(self, path: str | None):
+        self.f = open(path, "a", encoding="utf-8", buffering=1) if path else None  # noqa: SIM115
+
+    def __call__(self, msg: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {msg}"
+        if self.f:
+            self.f.write(line + "\n")
+        else:
+            print(line, flush=True)
+
+    def try_lock(self) -> bool:
+        if not self.f:
+            return True
+        try:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+    def unlock(self) -> None:
+        if self.f:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+
+
+def run_pass(args, log: _Logger) -> dict:
+    p = plan(args.root, keep=args.keep, min_size=args.min_size, keep_full_latest=args.keep_full_latest,
+             markers=tuple(args.marker or DEFAULT_MARKERS), completion=args.completion, max_depth=args.max_depth)
+    if args.dry_run:
+        if args.json:
+            print(json.dumps(dict(p.as_dict(), dry_run=True)), flush=True)
+        else:
+            for d in p.deletions:
+                print(f"would delete {d.size:>14} {d.path} ({d.reason})")
+            for k in p.kept_full:
+                print(f"keep whole  {k['path']} ({k['why']})")
+            for s in p.skipped:
+                print(f"leave alone {s['path']} ({s['why']})")
+            print(f"dry run: {len(p.deletions)} files, {p.total_bytes} bytes ({_human(p.total_bytes)}) "
+                  f"in {p.checkpoints} checkpoints; scanned {p.scanned_files} entries in {p.scan_seconds:.3f}s",
+                  flush=True)
+        return {"freed": 0, "deleted": 0, "would_free": p.total_bytes, "would_delete": len(p.deletions)}
+    if not log.try_lock():
+        log("another janitor pass holds the log lock; skipping this pass")
+        return {"freed": 0, "deleted": 0, "skipped": True}
+    try:
+        r = execute(p, log)
+    finally:
+        log.unlock()
+    for e in r["errors"]:
+        log(f"error {e}")
+    if r["deleted"] or r["errors"]:
+        log(f"pass freed {r['freed']} bytes ({_human(r['freed'])}) in {r['deleted']} files; "
+            f"{p.checkpoints} checkpoints, scan {p.scan_seconds:.3f}s")
+    if args.json:
+        print(json.dumps(dict(r, root=p.root, scan_seconds=round(p.scan_seconds, 4))), flush=True)
+    return r
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="checkpoints.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", required=True, help="output root; nothing outside it is touched")
+    ap.add_argument("--dry-run", action="store_true", help="list what would be deleted, with sizes")
+    ap.add_argument("--loop", action="store_true", help="run a pass every --interval seconds until stopped")
+    ap.add_argument("--interval", type=float, default=60.0)
+    ap.add_argument("--keep", action="append", default=[], metavar="PATTERN",
+                    help="fnmatch pattern (file name or path relative to the checkpoint) never deleted")
+    ap.add_argument("--min-size", type=int, default=0, metavar="BYTES", help="never delete smaller files")
+    ap.add_argument("--keep-full-latest", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep the latest complete checkpoint whole for resume (default: on)")
+    ap.add_argument("--marker", action="append", metavar="NAME",
+                    help=f"completion marker file(s) (default: {', '.join(DEFAULT_MARKERS)})")
+    ap.add_argument("--completion", choices=COMPLETION_MODES, default="marker",
+                    help="marker_or_superseded on nodes where rank 0 does not save (no marker written there)")
+    ap.add_argument("--max-depth", type=int, default=4, help="how deep to look for checkpoint-N directories")
+    ap.add_argument("--log", help="append deletions here (default: stdout)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per pass")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.min_size < 0 or args.interval <= 0:
+        print("checkpoints.py: --min-size must be >= 0 and --interval > 0", file=sys.stderr)
+        return 2
+    log = _Logger(None if args.dry_run else args.log)
+    if not args.loop:
+        r = run_pass(args, log)
+        return 1 if r.get("errors") else 0
+    stop = {"now": False}
+
+    def _stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log(f"janitor started: root={_resolve_root(args.root)} interval={args.interval}s "
+        f"keep_full_latest={args.keep_full_latest} completion={args.completion} min_size={args.min_size}")
+    while not stop["now"]:
+        try:
+            run_pass(args, log)
+        except Exception as e:  # noqa: BLE001 - a supervised loop must survive one bad pass and say why
+            log(f"error pass failed: {type(e).__name__}: {e}")
+        deadline = time.monotonic() + args.interval
+        while not stop["now"] and time.monotonic() < deadline:
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    log("janitor stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
