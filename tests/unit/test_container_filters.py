@@ -1,0 +1,214 @@
+"""Pure helpers of the container role (roles/container/filter_plugins/container_filters.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from conftest import load
+
+cf = load("roles/container/filter_plugins/container_filters.py", "container_filters")
+
+ID_A = "sha256:" + "a" * 64
+ID_B = "sha256:" + "b" * 64
+DG_A = "sha256:" + "1" * 64
+IMG = "172.28.0.1:5055/trainyard/train:sim"
+
+
+@pytest.mark.parametrize("ref,repo", [
+    ("172.28.0.1:5055/trainyard/train:sim", "172.28.0.1:5055/trainyard/train"),
+    ("172.28.0.1:5055/trainyard/train", "172.28.0.1:5055/trainyard/train"),
+    ("ubuntu", "ubuntu"),
+    ("ubuntu:24.04", "ubuntu"),
+    ("reg.example.com/a/b@sha256:abc", "reg.example.com/a/b"),
+    ("reg:5000/a/b:tag@sha256:abc", "reg:5000/a/b"),
+])
+def test_image_repository(ref, repo):
+    assert cf.image_repository(ref) == repo
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("16g", 16 * 2 ** 30), ("512m", 512 * 2 ** 20), ("1GiB", 2 ** 30), ("2GB", 2 * 2 ** 30),
+    ("100", 100), (4096, 4096), ("1.5g", int(1.5 * 2 ** 30)), (" 64M ", 64 * 2 ** 20),
+])
+def test_size_bytes(value, expected):
+    assert cf.size_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "big", "16x", "-1g", True, None, "1 g b"])
+def test_size_bytes_rejects(value):
+    with pytest.raises(ValueError):
+        cf.size_bytes(value)
+    assert cf.size_bytes(value, -1) == -1
+
+
+@given(st.integers(min_value=1, max_value=2 ** 20), st.sampled_from(["k", "m", "g", "K", "M", "G"]))
+def test_size_bytes_units(n, unit):
+    assert cf.size_bytes(f"{n}{unit}") == n * {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}[unit.lower()]
+
+
+def test_identity_picks_the_digest_of_the_configured_repository():
+    info = {"Id": ID_A, "RepoDigests": ["other/repo@sha256:999", f"172.28.0.1:5055/trainyard/train@{DG_A}"]}
+    ident = cf.image_identity(info, IMG)
+    assert ident["present"] and ident["id"] == ID_A and ident["repo_digest"] == DG_A
+    assert cf.image_identity(None, IMG)["present"] is False
+    loaded = cf.image_identity({"Id": ID_B, "RepoDigests": []}, IMG)
+    assert loaded["id"] == ID_B and loaded["repo_digest"] == ""
+
+
+def fleet(*ids):
+    return [{"host": f"n{i + 1}", "present": bool(x), "id": x or "", "repo_digest": ""} for i, x in enumerate(ids)]
+
+
+def test_same_image_everywhere_passes():
+    f = fleet(ID_A, ID_A, ID_A)
+    for h in ("n1", "n2", "n3"):
+        v = cf.digest_verdict(f, h, IMG)
+        assert v["ok"] and v["hosts_differing"] == []
+        assert "3 of 3 nodes" in v["detail"]
+
+
+def test_the_odd_node_out_fails_and_is_named():
+    f = fleet(ID_A, ID_B, ID_A)
+    bad = cf.digest_verdict(f, "n2", IMG)
+    assert not bad["ok"]
+    assert bad["hosts_differing"] == ["n2"]
+    assert "n2" in bad["detail"] and "bbbbbbbbbbbb" in bad["detail"] and "aaaaaaaaaaaa" in bad["detail"]
+    assert "container_pull_always" in bad["fix"]
+    good = cf.digest_verdict(f, "n1", IMG)
+    assert good["ok"] and "differing: n2" in good["detail"]
+
+
+def test_no_majority_fails_every_node():
+    f = fleet(ID_A, ID_B)
+    for h in ("n1", "n2"):
+        v = cf.digest_verdict(f, h, IMG)
+        assert not v["ok"]
+        assert "no majority" in v["detail"] and "n1" in v["detail"] and "n2" in v["detail"]
+
+
+def test_single_node_passes():
+    assert cf.digest_verdict(fleet(ID_A), "n1", IMG)["ok"]
+
+
+def test_missing_image_fails():
+    v = cf.digest_verdict(fleet(ID_A, None, ID_A), "n2", IMG)
+    assert not v["ok"] and "not present" in v["detail"]
+    # The nodes that have it still agree with each other.
+    assert cf.digest_verdict(fleet(ID_A, None, ID_A), "n1", IMG)["ok"]
+
+
+def test_pinned_digest_beats_the_majority():
+    f = fleet(ID_A, ID_A, ID_B)
+    assert not cf.digest_verdict(f, "n1", IMG, ID_B)["ok"]
+    assert cf.digest_verdict(f, "n3", IMG, ID_B)["ok"]
+    # A registry digest pin (repo@sha256:...) matches the repo digest.
+    f2 = [{"host": "n1", "present": True, "id": ID_A, "repo_digest": DG_A}]
+    assert cf.digest_verdict(f2, "n1", f"reg/x@{DG_A}")["ok"]
+    assert not cf.digest_verdict(f2, "n1", f"reg/x@{ID_B}")["ok"]
+
+
+@given(st.lists(st.sampled_from([ID_A, ID_B, "sha256:" + "c" * 64]), min_size=1, max_size=9))
+def test_verdict_properties(ids):
+    f = fleet(*ids)
+    verdicts = {x["host"]: cf.digest_verdict(f, x["host"], IMG) for x in f}
+    passing = {h for h, v in verdicts.items() if v["ok"]}
+    # Every passing node runs the same image, and it is the most common one.
+    assert len({x["id"] for x in f if x["host"] in passing}) <= 1
+    if passing:
+        common = max(ids.count(i) for i in set(ids))
+        assert len(passing) == common
+    # Every failing node is named in its own detail.
+    for h, v in verdicts.items():
+        if not v["ok"]:
+            assert h in v["detail"]
+
+
+def test_ulimits_and_mounts_spec():
+    assert cf.ulimits_spec({"memlock": -1, "stack": 67108864, "nofile": "1024:4096"}) == [
+        "memlock:-1:-1", "nofile:1024:4096", "stack:67108864:67108864"]
+    assert cf.mounts_spec([{"source": "/a", "read_only": True}, {"source": "/b", "target": "/c"}]) == [
+        {"type": "bind", "source": "/a", "target": "/a", "read_only": True},
+        {"type": "bind", "source": "/b", "target": "/c", "read_only": False}]
+
+
+def inspect(**over):
+    base = {
+        "Image": ID_A,
+        "State": {"Running": True, "Status": "running", "ExitCode": 0, "Error": ""},
+        "HostConfig": {"NetworkMode": "host", "IpcMode": "host", "PidMode": "host", "DeviceRequests": None},
+        "Mounts": [{"Source": "/srv/outputs", "Destination": "/srv/outputs", "RW": True},
+                   {"Source": "/srv/shared", "Destination": "/srv/shared", "RW": False}],
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    return base
+
+
+WANT = {"image": IMG, "image_id": ID_A, "network_mode": "host", "ipc_mode": "host", "pid_mode": "host",
+        "mounts": [{"source": "/srv/outputs"}, {"source": "/srv/shared", "read_only": True}], "gpus": False}
+
+
+def test_config_as_wanted():
+    assert cf.config_problems(inspect(), WANT) == []
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"State": {"Running": False, "Status": "created", "Error": "error setting rlimit type 8"}}, "rlimit"),
+    ({"HostConfig": {"NetworkMode": "bridge"}}, "network_mode is bridge"),
+    ({"HostConfig": {"IpcMode": "private"}}, "ipc_mode is private"),
+    ({"HostConfig": {"PidMode": ""}}, "pid_mode is default"),
+    ({"Image": ID_B}, "runs image bbbbbbbbbbbb"),
+    ({"Mounts": [{"Source": "/srv/shared", "Destination": "/srv/shared", "RW": False}]}, "mount /srv/outputs missing"),
+    ({"Mounts": [{"Source": "/srv/outputs", "Destination": "/srv/outputs", "RW": False},
+                 {"Source": "/srv/shared", "Destination": "/srv/shared", "RW": False}]}, "/srv/outputs is ro"),
+    ({"Mounts": [{"Source": "/x", "Destination": "/srv/outputs", "RW": True},
+                 {"Source": "/srv/shared", "Destination": "/srv/shared", "RW": False}]}, "comes from /x"),
+])
+def test_config_problems_named(over, needle):
+    problems = cf.config_problems(inspect(**over), WANT)
+    assert any(needle in p for p in problems), problems
+
+
+def test_config_missing_container_and_gpus():
+    assert cf.config_problems(None, WANT) == ["container does not exist"]
+    assert any("GPU" in p for p in cf.config_problems(inspect(), {**WANT, "gpus": True}))
+    gpu = inspect(HostConfig={"DeviceRequests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]})
+    assert cf.config_problems(gpu, {**WANT, "gpus": True}) == []
+
+
+PARAMS = {"code_dir": "/srv/code", "output_root": "/srv/outputs", "shared_root": "/srv/shared",
+          "logger_module": "tensorboard", "python": "python3", "shm_size": "16g", "container": "trainyard-train"}
+
+
+def test_health_records_from_probe_output():
+    out = {"code_dir": {"ok": True, "detail": "/srv/code exists"},
+           "output_writable": {"ok": False, "detail": "cannot write: OSError: [Errno 30] Read-only file system"},
+           "shared_readable": {"ok": True, "detail": "ok"},
+           "logger": {"ok": False, "detail": "import tensorboard failed: ModuleNotFoundError"},
+           "python": {"ok": True, "detail": "3.11"}, "torch": {"ok": True, "detail": "2.13"},
+           "ulimits": {"ok": True, "detail": "memlock=unlimited"}, "shm": {"status": "warn", "detail": "small"}}
+    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": "noise\n" + json.dumps(out)}, PARAMS)}
+    assert recs["container.health.output_writable"]["status"] == "fail"
+    assert "/srv/outputs" in recs["container.health.output_writable"]["fix"]
+    assert recs["container.health.logger"]["status"] == "fail"
+    assert "pip install tensorboard" in recs["container.health.logger"]["fix"]
+    assert recs["container.health.shm"]["status"] == "warn"
+    assert recs["container.health.code_dir"] == {"check": "container.health.code_dir", "status": "pass",
+                                                 "detail": "/srv/code exists", "fix": ""}
+
+
+def test_health_records_when_probe_cannot_run():
+    recs = cf.health_records({"rc": 127, "stdout": "", "stderr": "exec: \"python3\": executable file not found"},
+                             PARAMS)
+    by = {r["check"]: r for r in recs}
+    assert by["container.health.python"]["status"] == "fail"
+    assert "executable file not found" in by["container.health.python"]["detail"]
+    assert all(r["status"] == "skip" for c, r in by.items() if c != "container.health.python")
+    skipped = cf.health_records({"skipped": True, "skip_reason": "trainyard-train is not running"}, PARAMS)
+    assert len(skipped) == 8 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)

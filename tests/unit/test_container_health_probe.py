@@ -1,0 +1,53 @@
+"""The in-container health probe (roles/container/files/container_health.py), run for real on local dirs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+PROBE = REPO / "roles/container/files/container_health.py"
+
+
+def probe(params: dict, via_c: bool = True) -> dict:
+    argv = ([sys.executable, "-c", PROBE.read_text()] if via_c else [sys.executable, str(PROBE)])
+    r = subprocess.run([*argv, json.dumps(params)], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def ok(rec: dict) -> bool:
+    return rec.get("status", "pass" if rec.get("ok") else "fail") == "pass"
+
+
+def test_healthy_dirs(tmp_path: Path):
+    for d in ("code", "out", "shared"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "shared" / "model.bin").write_bytes(b"x")
+    out = probe({"code_dir": str(tmp_path / "code"), "output_root": str(tmp_path / "out"),
+                 "shared_root": str(tmp_path / "shared"), "logger_module": "json", "shm_size_bytes": 1,
+                 "ulimits": {"stack": 1024}})
+    assert ok(out["code_dir"]) and ok(out["output_writable"]) and ok(out["shared_readable"])
+    assert "1 entries" in out["shared_readable"]["detail"]
+    assert ok(out["logger"]) and ok(out["python"]) and ok(out["ulimits"]) and ok(out["shm"])
+    # The probe file is gone.
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_failures_are_named(tmp_path: Path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    out = probe({"code_dir": str(tmp_path / "missing"), "output_root": str(not_a_dir),
+                 "shared_root": str(tmp_path / "nope"), "logger_module": "trainyard_no_such_logger",
+                 "shm_size_bytes": 2 ** 60, "ulimits": {"memlock": 2 ** 62}}, via_c=False)
+    assert not ok(out["code_dir"]) and "does not exist" in out["code_dir"]["detail"]
+    assert not ok(out["output_writable"]) and "cannot write" in out["output_writable"]["detail"]
+    assert not ok(out["shared_readable"]) and "cannot list" in out["shared_readable"]["detail"]
+    assert not ok(out["logger"]) and "ModuleNotFoundError" in out["logger"]["detail"]
+    assert out["shm"]["status"] == "warn"
+    # memlock 2**62 bytes is above any real limit unless it is unlimited.
+    import resource
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY:
+        assert not ok(out["ulimits"]) and "memlock" in out["ulimits"]["detail"]
