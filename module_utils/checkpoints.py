@@ -308,6 +308,9 @@ def plan(root: str, keep=(), min_size: int = 0, keep_full_latest: bool = True, m
             keep_full[complete[-1].path] = "latest complete (resume)"
             marked = [c for c in group if c.marker]
             if marked:
+                # The resume point (latest_complete_checkpoint) is the latest with a marker, even where a
+                # newer one only counts as complete because it was superseded.
+                keep_full.setdefault(marked[-1].path, "latest with marker (resume)")
                 best = _best_model_name(marked[-1].path)
                 for c in group:
                     if best and c.name == best and c.path not in keep_full:
