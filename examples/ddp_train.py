@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Example multi-node job for CPU clusters: torch DDP over gloo, checkpoints, resume, fail-fast.
+
+Run under torchrun (torchrun_launch does that on every node)::
+
+    torchrun --nnodes=3 --nproc_per_node=1 --node_rank=R --master_addr=HEAD --master_port=39500 \
+        ddp_train.py --steps 200 --save-every 10 --sleep 0.2 --output-root /srv/outputs
+
+What it shows the launcher:
+  * ``trainyard: rendezvous done rank=R world=W`` once the process group is up, and
+    ``trainyard: first step done step=N`` after its first optimizer step (the launch module's first-step
+    marker);
+  * checkpoints every ``--save-every`` steps as ``<output-root>/checkpoint-<step>/`` in the HF Trainer layout:
+    ``pytorch_model.bin``, ``optimizer.pt``, ``rng_state.pth`` and, written last and atomically,
+    ``trainer_state.json`` (the completion marker module_utils/checkpoints.py looks for). Rank 0 saves;
+  * resume: the checkpoint named by ``--resume-from`` or ``TRAINYARD_RESUME_FROM`` is loaded on rank 0 (the
+    only rank that needs the files: with node-local output roots only the head has them); the step and the
+    weights reach the other ranks through a broadcast, so all ranks continue at the same step;
+  * fail-fast: the process group has a short collective timeout (``--collective-timeout``, default 30 s), so
+    when one rank dies the others fail at their next collective (at once when the peer's connection closes,
+    at the latest after the timeout) and exit instead of waiting out a long watchdog; ``@record`` puts the
+    traceback into torchrun's failure report.
+
+The data network interface comes from GLOO_SOCKET_IFNAME (the rendered env file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MARKER = "trainer_state.json"
+
+
+def log(msg: str) -> None:
+    print("trainyard: %s" % msg, flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=100, help="total optimizer steps (a resumed run stops here too)")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint interval in steps (0: never)")
+    p.add_argument("--sleep", type=float, default=0.1, help="seconds each step sleeps (simulated work)")
+    p.add_argument("--output-root", default=os.environ.get("TRAINYARD_OUTPUT_ROOT", "outputs"))
+    p.add_argument("--resume-from", "--resume_from_checkpoint", dest="resume_from",
+                   default=os.environ.get("TRAINYARD_RESUME_FROM", ""),
+                   help="checkpoint directory to resume from (default: $TRAINYARD_RESUME_FROM)")
+    p.add_argument("--collective-timeout", type=float, default=30.0, help="seconds before a collective fails")
+    p.add_argument("--backend", default="gloo")
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--log-every", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def batch(step: int, rank: int, hidden: int, seed: int):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    x = torch.randn(16, hidden, generator=g)
+    y = x.sum(dim=1, keepdim=True) * 0.1
+    return x, y
+
+
+def atomic_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def save_checkpoint(root: str, step: int, model, optimizer, history: list, args) -> str:
+    path = os.path.join(root, "checkpoint-%d" % step)
+    os.makedirs(path, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(path, "pytorch_model.bin"))
+    torch.save(optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+    torch.save({"cpu": torch.get_rng_state()}, os.path.join(path, "rng_state.pth"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "trainyard-ddp-example", "hidden": args.hidden}, f)
+    # The completion marker goes last: a checkpoint without it is incomplete (crash during save).
+    atomic_json(os.path.join(path, MARKER), {"global_step": step, "max_steps": args.steps,
+                                             "log_history": history[-20:], "best_model_checkpoint": None,
+                                             "world_size": dist.get_world_size()})
+    return path
+
+
+def load_checkpoint(path: str, model, optimizer) -> int:
+    with open(os.path.join(path, MARKER)) as f:
+        state = json.load(f)
+    model.load_state_dict(torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu"))
+    opt = os.path.join(path, "optimizer.pt")
+    if os.path.exists(opt):
+        optimizer.load_state_dict(torch.load(opt, map_location="cpu"))
+    return int(state["global_step"])
+
+
+@record
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log("rendezvous done rank=%d world=%d node=%s local_rank=%s" % (
+        rank, world, os.environ.get("GROUP_RANK", "?"), os.environ.get("LOCAL_RANK", "?")))
+    torch.manual_seed(args.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(),
+                                torch.nn.Linear(args.hidden, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    # Rank 0 decides where to start (only it is sure to have the checkpoint files); everyone gets the step.
+    start = torch.zeros(1, dtype=torch.long)
+    if rank == 0:
+        path = args.resume_from
+        if path and os.path.isfile(os.path.join(path, MARKER)):
+            start[0] = load_checkpoint(path, model, optimizer)
+            log("resumed from %s at step %d" % (path, int(start[0])))
+        elif path:
+            log("resume checkpoint %s has no %s: starting from step 0" % (path, MARKER))
+        else:
+            log("no checkpoint to resume from: starting from step 0")
+    dist.broadcast(start, src=0)
+    step = int(start[0])
+    # DDP broadcasts rank 0's parameters to every rank when it wraps the model.
+    ddp = DDP(model)
+    history: list = []
+    first = True
+    loss_fn = torch.nn.MSELoss()
+    while step < args.steps:
+        x, y = batch(step, rank, args.hidden, args.seed)
+        optimizer.zero_grad()
+        loss = loss_fn(ddp(x), y)
+        loss.backward()  # gradients are all-reduced here (a dead peer fails this collective)
+        optimizer.step()
+        step += 1
+        reduced = loss.detach().clone()
+        dist.all_reduce(reduced)
+        mean = float(reduced) / world
+        history.append({"step": step, "loss": round(mean, 6)})
+        if first:
+            log("first step done step=%d" % step)
+            first = False
+        if args.log_every and step % args.log_every == 0 and rank == 0:
+            log("step %d loss %.6f" % (step, mean))
+        if args.save_every and step % args.save_every == 0:
+            if rank == 0:
+                path = save_checkpoint(args.output_root, step, ddp.module, optimizer, history, args)
+                log("saved %s" % path)
+            dist.barrier()
+        if args.sleep:
+            time.sleep(args.sleep)
+    log("done steps=%d rank=%d" % (step, rank))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,742 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module torchrun_launch: start, stop and inspect one node's torchrun agent of a multi-node job."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: torchrun_launch
+short_description: Start, stop or inspect this node's torchrun agent of a multi-node training job
+description:
+  - Builds the torchrun command from typed parameters (node count, processes per node, this node's rank, the
+    rendezvous endpoint) and starts it detached in a session of its own, so it outlives the Ansible connection.
+    Output goes to a node-local log; C(<state_root>/<job>/launch.json) records PID, process group, start time,
+    command and sidecars.
+  - Runtime C(host) runs torchrun on the node; runtime C(docker) runs it inside the long-lived training
+    container (which must use C(pid_mode=host)) through C(docker exec -d) and a small launcher written into the
+    state directory. Either way the job's processes are tracked by PID plus start time and a launch token in
+    their environment, never by name.
+  - Idempotent. The same job with the same command already running is left alone (C(changed=false)); another
+    job holding the node, or this job running with a different command, makes the task fail and say how to stop
+    it. Stopping sends SIGTERM to every process of the job and its sidecars, SIGKILL after C(stop_timeout).
+  - C(state=status) reports running/finished/failed, the last log line, and torchrun's first observed failure
+    (rank, exit code, signal) with the log tail.
+version_added: "1.0.0"
+author: trainyard
+options:
+  state:
+    description: C(started) launches (or leaves a matching running job alone), C(stopped) ends the job, C(status) only reports.
+    type: str
+    choices: [started, stopped, status]
+    default: started
+  job:
+    description: Job name; names the state directory C(<state_root>/<job>).
+    type: str
+    required: true
+  state_root:
+    description: Node-local state directory of all jobs (C(cluster_state_dir)).
+    type: path
+    default: /var/lib/trainyard
+  nnodes:
+    description: Number of nodes (C(cluster_model.nnodes)). Required for C(state=started).
+    type: int
+  nproc_per_node:
+    description: Processes (ranks) per node (C(cluster_model.nproc_per_node)). Required for C(state=started).
+    type: int
+  node_rank:
+    description: This node's rank (C(cluster_model.node_rank)). Required for C(state=started).
+    type: int
+  master_addr:
+    description: Rendezvous host, the head's data address (C(cluster_model.master_addr)).
+    type: str
+  master_port:
+    description: Rendezvous port.
+    type: int
+    default: 29500
+  rdzv_backend:
+    description: C(static) takes node ranks from C(node_rank); C(c10d) lets torchrun assign them.
+    type: str
+    choices: [static, c10d]
+    default: static
+  rdzv_id:
+    description: Rendezvous id (C(--rdzv_id)); empty leaves torchrun's default.
+    type: str
+    default: ""
+  max_restarts:
+    description: torchrun C(--max_restarts). 0 fails the job at the first rank failure; a job that resumes from its checkpoints may raise it.
+    type: int
+    default: 0
+  torchrun:
+    description: The torchrun executable as an argument list (for example C([python3, -m, torch.distributed.run])).
+    type: list
+    elements: str
+    default: [torchrun]
+  extra_torchrun_args:
+    description: More torchrun options, placed before the entry point.
+    type: list
+    elements: str
+    default: []
+  entrypoint:
+    description: The training script (C(train_args_entrypoint)). Required for C(state=started).
+    type: str
+  args:
+    description: The entry point's arguments (C(train_args_argv)).
+    type: list
+    elements: str
+    default: []
+  env_files:
+    description: Node-local env files (KEY=value lines) applied in order, for example the rendered C(nccl.env).
+    type: list
+    elements: path
+    default: []
+  env:
+    description: More environment variables for the job (applied after the env files).
+    type: dict
+    default: {}
+  chdir:
+    description: Working directory of the job (on the node, or inside the container).
+    type: path
+  log:
+    description: Node-local log of the job. Default C(<state_root>/<job>/torchrun.log). Rotated on each start (.1 .. .5).
+    type: path
+  runtime:
+    description: Where torchrun runs.
+    type: str
+    choices: [host, docker]
+    default: host
+  container:
+    description: Training container for C(runtime=docker).
+    type: str
+    default: ""
+  container_python:
+    description: Python inside the container that runs the launcher.
+    type: str
+    default: python3
+  docker:
+    description: docker CLI on the node.
+    type: str
+    default: docker
+  sidecars:
+    description:
+      - Helper processes started on the host (not in the container) with the job, each in its own session,
+        recorded in the state file, reported by status and stopped with the job (for example the checkpoint janitor).
+      - Each item is C({name, argv}); output goes to C(<state_root>/<job>/<name>.log).
+    type: list
+    elements: dict
+    default: []
+  wait_for:
+    description:
+      - C(none) returns once started. C(rendezvous) waits until this node's agent passed the rendezvous (its
+        C(nproc_per_node) worker processes exist, or C(rendezvous_marker) appears in the log).
+        C(first_step) waits for C(first_step_marker) in the log.
+      - Fails with the log tail when the job dies or C(wait_timeout) passes.
+    type: str
+    choices: [none, rendezvous, first_step]
+    default: none
+  wait_timeout:
+    description: Seconds to wait for C(wait_for).
+    type: int
+    default: 300
+  first_step_marker:
+    description: Regex of the log line the entry point prints after its first optimizer step.
+    type: str
+    default: "trainyard: first step done"
+  rendezvous_marker:
+    description: Optional regex of a log line that proves the rendezvous completed.
+    type: str
+    default: ""
+  resume_from:
+    description:
+      - Checkpoint the entry point resumes from. Empty starts fresh; C(auto) takes the latest complete checkpoint
+        under C(output_root) (module_utils/checkpoints.py); anything else is used as the path.
+      - The entry point receives it as C(TRAINYARD_RESUME_FROM) and, with C(resume_arg), as an argument.
+    type: str
+    default: ""
+  output_root:
+    description: Output root searched by C(resume_from=auto).
+    type: path
+  resume_arg:
+    description: Entry point flag for the resume path (for example C(--resume_from_checkpoint)); ending in C(=) joins flag and path.
+    type: str
+    default: ""
+  rerun_finished:
+    description: Start again when the last run of the same command finished successfully (default leaves it finished).
+    type: bool
+    default: false
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL when stopping.
+    type: int
+    default: 30
+  log_lines:
+    description: Lines of log tail returned on failure and by status.
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    support: full
+    details: Returns the exact command and environment; starts and stops nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: A matching running (or finished) job is left alone.
+notes:
+  - With C(runtime=docker) the container must run with C(pid_mode=host) and mount C(state_root) at the same path.
+  - Nothing is found or killed by process name; a decoy process named torchrun is never touched.
+"""
+
+EXAMPLES = r"""
+- name: Start torchrun on every node (ranks from the cluster model)
+  torchrun_launch:
+    job: train
+    state_root: /var/lib/trainyard
+    nnodes: "{{ cluster_model.nnodes }}"
+    nproc_per_node: "{{ cluster_model.nproc_per_node }}"
+    node_rank: "{{ cluster_model.node_rank }}"
+    master_addr: "{{ cluster_model.master_addr }}"
+    master_port: "{{ cluster_model.master_port }}"
+    entrypoint: /srv/code/ddp_train.py
+    args: [--steps, "100", --output-root, /srv/outputs]
+    env_files: [/var/lib/trainyard/train/nccl.env]
+    runtime: docker
+    container: trainyard-train
+    resume_from: auto
+    output_root: /srv/outputs
+    wait_for: rendezvous
+
+- name: Job status
+  torchrun_launch:
+    job: train
+    state: status
+  register: job
+
+- name: Stop the job (every process of it, nothing else)
+  torchrun_launch:
+    job: train
+    state: stopped
+"""
+
+RETURN = r"""
+state:
+  description: Job state on this node after the task (running, finished, failed, stopped, absent).
+  returned: always
+  type: str
+pid:
+  description: PID of the job's session leader (the launcher; torchrun is its child).
+  returned: when a job is known
+  type: int
+pgid:
+  description: Process group (and session) of the job.
+  returned: when a job is known
+  type: int
+node_rank:
+  description: This node's rank.
+  returned: when a job is known
+  type: int
+command:
+  description: The torchrun command as an argument list.
+  returned: when a job is known or would be started
+  type: list
+  elements: str
+command_line:
+  description: The same command quoted for a shell (display only).
+  returned: when a command is known
+  type: str
+env:
+  description: Environment added for the job (env files, then C(env), then the resume path); in check mode and on start.
+  returned: state=started
+  type: dict
+log:
+  description: Node-local log path.
+  returned: always
+  type: str
+log_tail:
+  description: Last lines of the log.
+  returned: on failure and with state=status
+  type: str
+last_log_line:
+  description: Last non-empty log line.
+  returned: state=status
+  type: str
+failure:
+  description: torchrun's first observed failure on this node (rank, local_rank, exitcode, signal, pid, time, host, traceback).
+  returned: when the log reports one
+  type: dict
+resume_from:
+  description: Checkpoint passed to the entry point ("" when none).
+  returned: state=started
+  type: str
+processes:
+  description: Live processes of the job (pid, comm, ppid, pgrp).
+  returned: state=status
+  type: list
+sidecars:
+  description: Sidecars with pid and whether they run.
+  returned: when a job is known
+  type: list
+stopped:
+  description: PIDs that got SIGTERM / SIGKILL.
+  returned: state=stopped
+  type: dict
+"""
+
+import json
+import os
+import sys
+import time
+import uuid
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils import procgroup as pg
+from ansible.module_utils import torchrun as tr
+
+try:
+    from ansible.module_utils.checkpoints import latest_complete_checkpoint
+    HAS_CHECKPOINTS = True
+    CHECKPOINTS_IMPORT_ERROR = None
+except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing or broken
+    latest_complete_checkpoint = None
+    HAS_CHECKPOINTS = False
+    CHECKPOINTS_IMPORT_ERROR = str(e)
+
+PID_FILE_WAIT = 20.0
+
+
+def read_text(path, limit=2 * 1024 * 1024):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except (IOError, OSError):
+        return ""
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+class Launch(object):
+    def __init__(self, module):
+        self.m = module
+        p = module.params
+        self.p = p
+        try:
+            self.job = tr.validate_job_name(p["job"])
+        except tr.LaunchError as e:
+            module.fail_json(msg=str(e))
+        self.root = p["state_root"]
+        self.dir = os.path.join(self.root, self.job)
+        self.state_path = os.path.join(self.dir, tr.STATE_FILE)
+        self.log = p["log"] or os.path.join(self.dir, "torchrun.log")
+        self.result = {"changed": False, "log": self.log, "job": self.job}
+
+    # ------------------------------------------------------------------ helpers
+    def load_state(self, path=None):
+        path = path or self.state_path
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as f:
+                return tr.parse_state(f.read())
+        except (IOError, OSError, ValueError) as e:
+            self.m.fail_json(msg="%s is unreadable (%s). Remove it after checking no job of %s runs "
+                                 "(ansible-playbook reset.yml)." % (path, e, self.job), **self.result)
+
+    def job_procs(self, state):
+        exclude = set()
+        for sc in state.get("sidecars", []):
+            exclude.add(sc.get("pid"))
+        procs = pg.job_processes(state["pid"], state["start_ticks"], state.get("token"))
+        return [p for p in procs if p.pid not in exclude]
+
+    def sidecar_procs(self, sc):
+        if not sc.get("pid"):
+            return []
+        return pg.job_processes(sc["pid"], sc.get("start_ticks"), sc.get("token"))
+
+    def all_procs(self, state):
+        seen = {}
+        for p in self.job_procs(state):
+            seen[p.pid] = p
+        for sc in state.get("sidecars", []):
+            for p in self.sidecar_procs(sc):
+                seen[p.pid] = p
+        return sorted(seen.values(), key=lambda s: s.pid)
+
+    def describe(self, state, extra=None):
+        procs = self.job_procs(state)
+        alive = bool(procs)
+        exit_info = read_json(state.get("exit_file") or os.path.join(self.dir, tr.EXIT_FILE))
+        if exit_info is not None and exit_info.get("token") != state.get("token"):
+            exit_info = None
+        text = read_text(state.get("log") or self.log)
+        failure = tr.root_cause(text)
+        if failure is not None:
+            failure["node_rank"] = state.get("node_rank")
+        status = tr.job_status(alive, exit_info, failure)
+        out = {
+            "state": status, "pid": state["pid"], "pgid": state["pgid"], "node_rank": state.get("node_rank"),
+            "command": state["command"], "command_line": tr.shell_quote(state["command"]),
+            "log": state.get("log") or self.log, "started_at": state.get("started_at"),
+            "resume_from": state.get("resume_from", ""), "runtime": state.get("runtime"),
+            "container": state.get("container", ""),
+            "processes": [{"pid": p.pid, "comm": p.comm, "ppid": p.ppid, "pgrp": p.pgrp} for p in procs],
+            "workers": len([p for p in procs if state.get("torchrun_pid") and p.ppid == state["torchrun_pid"]]),
+            "sidecars": [{"name": sc.get("name"), "pid": sc.get("pid"), "argv": sc.get("argv", []),
+                          "running": bool(self.sidecar_procs(sc)), "log": sc.get("log")}
+                         for sc in state.get("sidecars", [])],
+            "last_log_line": tr.last_line(text), "exit": exit_info, "failure": failure,
+        }
+        if status != "running" or failure:
+            out["log_tail"] = tr.log_tail(text, self.p["log_lines"])
+        if extra:
+            out.update(extra)
+        return out
+
+    def other_jobs(self):
+        """Other jobs of this state root with live processes: [(job, state, procs)]."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            return out
+        for name in names:
+            if name == self.job:
+                continue
+            path = os.path.join(self.root, name, tr.STATE_FILE)
+            if not os.path.isfile(path):
+                continue
+            try:
+                with open(path) as f:
+                    st = tr.parse_state(f.read())
+            except (IOError, OSError, ValueError):
+                continue
+            procs = self.job_procs(st)
+            if procs:
+                out.append((st.get("job", name), st, procs))
+        return out
+
+    # ------------------------------------------------------------------ status
+    def status(self):
+        state = self.load_state()
+        if state is None:
+            self.result.update(state="absent", msg="no job %s on this node (%s missing)" % (self.job, self.state_path))
+            self.m.exit_json(**self.result)
+        self.result.update(self.describe(state))
+        self.m.exit_json(**self.result)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self, state=None, exit_module=True):
+        state = state if state is not None else self.load_state()
+        if state is None:
+            self.result.update(state="absent", msg="no job %s on this node" % self.job)
+            if exit_module:
+                self.m.exit_json(**self.result)
+            return self.result
+        procs = self.all_procs(state)
+        self.result.update({"pid": state["pid"], "pgid": state["pgid"], "node_rank": state.get("node_rank"),
+                            "command": state["command"]})
+        if self.m.check_mode:
+            self.result.update(changed=bool(procs), state="stopped",
+                               would_stop=[{"pid": p.pid, "comm": p.comm} for p in procs])
+            if exit_module:
+                self.m.exit_json(**self.result)
+            return self.result
+        outcome = {"terminated": [], "killed": [], "remaining": []}
+        if procs:
+            outcome = pg.terminate(lambda: self.all_procs(state), grace=float(self.p["stop_timeout"]))
+        if outcome["remaining"]:
+            self.m.fail_json(msg="processes of job %s survived SIGKILL: %s" % (self.job, outcome["remaining"]),
+                             stopped=outcome, **self.result)
+        for name in (tr.STATE_FILE, tr.PID_FILE, tr.SPEC_FILE):
+            try:
+                os.unlink(os.path.join(self.dir, name))
+            except OSError:
+                pass
+        self.result.update(changed=bool(procs), state="stopped", stopped=outcome)
+        if exit_module:
+            self.m.exit_json(**self.result)
+        return self.result
+
+    # ------------------------------------------------------------------ start
+    def resolve_resume(self):
+        value = (self.p["resume_from"] or "").strip()
+        if not value:
+            return None
+        if value != "auto":
+            return value
+        if not self.p["output_root"]:
+            self.m.fail_json(msg="resume_from=auto needs output_root (cluster_output_root)", **self.result)
+        if not HAS_CHECKPOINTS:
+            self.m.fail_json(msg="resume_from=auto needs module_utils/checkpoints.py (latest_complete_checkpoint), "
+                                 "which did not import: %s" % CHECKPOINTS_IMPORT_ERROR, **self.result)
+        return latest_complete_checkpoint(self.p["output_root"])
+
+    def base_command(self):
+        p = self.p
+        for key in ("nnodes", "nproc_per_node", "node_rank", "master_addr", "entrypoint"):
+            if p[key] is None or p[key] == "":
+                self.m.fail_json(msg="state=started needs %s" % key, **self.result)
+        try:
+            return tr.build_command(
+                p["nnodes"], p["nproc_per_node"], p["node_rank"], p["master_addr"], p["master_port"],
+                p["entrypoint"], p["args"], rdzv_backend=p["rdzv_backend"], rdzv_id=p["rdzv_id"],
+                max_restarts=p["max_restarts"], torchrun=p["torchrun"], extra_torchrun_args=p["extra_torchrun_args"])
+        except tr.LaunchError as e:
+            self.m.fail_json(msg=str(e), **self.result)
+
+    def file_envs(self):
+        envs = []
+        for path in self.p["env_files"]:
+            try:
+                with open(path) as f:
+                    env, problems = tr.parse_env_file(f.read(), path)
+            except (IOError, OSError) as e:
+                self.m.fail_json(msg="env file %s cannot be read (%s): render it first (role nccl_env)" % (path, e),
+                                 **self.result)
+            if problems:
+                self.m.fail_json(msg="env file %s: %s" % (path, "; ".join(problems[:5])), **self.result)
+            envs.append(env)
+        return envs
+
+    def stop_hint(self, job):
+        return ("stop it with `ansible-playbook reset.yml -e reset_confirm=true` (with cluster_job_name=%s), or a "
+                "task `torchrun_launch: {job: %s, state: stopped}`" % (job, job))
+
+    def wait_pid_file(self, path, proc_gone):
+        deadline = time.monotonic() + PID_FILE_WAIT
+        while time.monotonic() < deadline:
+            data = read_json(path)
+            if data:
+                return data
+            if proc_gone():
+                break
+            time.sleep(0.05)
+        return read_json(path)
+
+    def spawn(self, name, argv, env, env_files, log, runtime, chdir, resume, token, prefix):
+        """Write the spec and start the launcher; returns its pid file contents."""
+        spec_path = os.path.join(self.dir, prefix + tr.SPEC_FILE)
+        pid_path = os.path.join(self.dir, prefix + tr.PID_FILE)
+        exit_path = os.path.join(self.dir, prefix + tr.EXIT_FILE)
+        for path in (pid_path, exit_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
+                "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
+        tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
+        launcher = os.path.join(self.dir, tr.LAUNCHER_FILE)
+        if runtime == "docker":
+            cmd = [self.p["docker"], "exec", "-d", self.p["container"], self.p["container_python"], launcher,
+                   spec_path]
+            rc, out, err = self.m.run_command(cmd)
+            if rc != 0:
+                self.m.fail_json(msg="docker exec into %s failed (rc %d): %s. Is the training container running "
+                                     "(role container)?" % (self.p["container"], rc, (err or out).strip()[-500:]),
+                                 cmd=cmd, **self.result)
+            gone = (lambda: False)
+        else:
+            pid, ticks = pg.start_detached([sys.executable, launcher, spec_path], log_path=log)
+            gone = (lambda: not pg.is_alive(pid, ticks))
+        data = self.wait_pid_file(pid_path, gone)
+        if not data:
+            self.m.fail_json(msg="%s did not start: no %s after %.0f s" % (name, pid_path, PID_FILE_WAIT),
+                             log_tail=tr.log_tail(read_text(log), self.p["log_lines"]), **self.result)
+        return data, exit_path
+
+    def start(self):
+        p = self.p
+        if p["runtime"] == "docker" and not p["container"]:
+            self.m.fail_json(msg="runtime=docker needs container (the training container's name)", **self.result)
+        for sc in p["sidecars"]:
+            if not isinstance(sc, dict) or not sc.get("name") or not isinstance(sc.get("argv"), list) \
+                    or not sc["argv"]:
+                self.m.fail_json(msg="sidecars: each item needs name and a non-empty argv list, got %r" % (sc,),
+                                 **self.result)
+            tr.validate_job_name(str(sc["name"]))
+        base = self.base_command()
+        try:
+            extra_env = tr.validate_env(p["env"])
+        except tr.LaunchError as e:
+            self.m.fail_json(msg=str(e), **self.result)
+        fp = tr.fingerprint(base, extra_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
+
+        for other, st, procs in self.other_jobs():
+            self.m.fail_json(msg="job %s (pid %s, started %s, %d processes) holds this node; %s"
+                                 % (other, st["pid"], time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                    time.localtime(st.get("started_at", 0))),
+                                    len(procs), self.stop_hint(other)), holder=other, **self.result)
+
+        state = self.load_state()
+        if state is not None:
+            running = self.job_procs(state)
+            if running:
+                if state.get("fingerprint") == fp:
+                    self.result.update(self.describe(state))
+                    return self.finish_wait(state)
+                self.m.fail_json(
+                    msg="job %s already runs on this node (pid %s) with a different command or environment:\n"
+                        "  running: %s\n  wanted:  %s\n%s" % (
+                            self.job, state["pid"], tr.shell_quote(state["command"]), tr.shell_quote(base),
+                            self.stop_hint(self.job)),
+                    running_command=state["command"], wanted_command=base, **self.result)
+            prev = self.describe(state)
+            if prev["state"] == "finished" and state.get("fingerprint") == fp and not p["rerun_finished"]:
+                self.result.update(prev, msg="job %s already finished with this command (rerun_finished=false)"
+                                   % self.job)
+                return self.result
+
+        resume = self.resolve_resume()
+        command = list(base) + tr.resume_args(resume, p["resume_arg"])
+        file_envs = self.file_envs()
+        token = uuid.uuid4().hex
+        env = tr.merge_env(file_envs, extra_env, resume)
+        self.result.update(command=command, command_line=tr.shell_quote(command), env=env,
+                           resume_from=resume or "", node_rank=p["node_rank"], runtime=p["runtime"])
+        if self.m.check_mode:
+            self.result.update(changed=True, state="started",
+                               sidecars=[{"name": s["name"], "argv": s["argv"]} for s in p["sidecars"]])
+            return self.result
+
+        # Leftovers of the previous launch of this job (a sidecar still running after the job died).
+        if state is not None and self.all_procs(state):
+            pg.terminate(lambda: self.all_procs(state), grace=float(p["stop_timeout"]))
+
+        try:
+            os.makedirs(self.dir, 0o755)
+        except OSError:
+            if not os.path.isdir(self.dir):
+                self.m.fail_json(msg="cannot create %s" % self.dir, **self.result)
+        log_dir = os.path.dirname(self.log)
+        if log_dir and not os.path.isdir(log_dir):
+            os.makedirs(log_dir, 0o755)
+        for src, dst in tr.rotated_names(self.log):
+            if os.path.exists(src):
+                os.rename(src, dst)
+        tr.write_atomic(os.path.join(self.dir, tr.LAUNCHER_FILE), tr.LAUNCHER_SOURCE, 0o755)
+        started_at = time.time()
+        data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
+                                     p["chdir"], resume, token, "")
+        sidecars = []
+        for sc in p["sidecars"]:
+            sc_token = "%s-%s" % (token, sc["name"])
+            sc_log = os.path.join(self.dir, "%s.log" % sc["name"])
+            sdata, _ = self.spawn(sc["name"], [str(a) for a in sc["argv"]], {}, [], sc_log, "host", None, None,
+                                  sc_token, "sidecar-%s." % sc["name"])
+            sidecars.append({"name": sc["name"], "pid": sdata["pid"], "pgid": sdata["pgid"],
+                             "start_ticks": sdata["start_ticks"], "argv": [str(a) for a in sc["argv"]],
+                             "token": sc_token, "log": sc_log})
+        new_state = tr.make_state(
+            self.job, p["runtime"], p["container"], data["pid"], data["pgid"], data["start_ticks"], started_at,
+            command, p["env_files"], self.log, p["node_rank"], p["master_port"], resume, sidecars, token, fp,
+            exit_path, torchrun_pid=data.get("child_pid"))
+        tr.write_atomic(self.state_path, tr.dumps_state(new_state))
+        self.result.update(changed=True)
+        self.result.update(self.describe(new_state, {"env": env}))
+        return self.finish_wait(new_state)
+
+    def finish_wait(self, state):
+        mode = self.p["wait_for"]
+        if mode == "none":
+            return self.result
+        deadline = time.monotonic() + self.p["wait_timeout"]
+        pattern = self.p["first_step_marker"] if mode == "first_step" else self.p["rendezvous_marker"]
+        started = time.monotonic()
+        while True:
+            text = read_text(state["log"])
+            if pattern and tr.find_marker(text, pattern):
+                break
+            procs = self.job_procs(state)
+            if mode == "rendezvous" and state.get("torchrun_pid"):
+                workers = [q for q in procs if q.ppid == state["torchrun_pid"]]
+                if len(workers) >= int(self.p["nproc_per_node"] or 1):
+                    break
+            if not procs:
+                d = self.describe(state)
+                self.result.update(d)
+                self.m.fail_json(msg="job %s on node rank %s ended before %s: %s" % (
+                    self.job, state.get("node_rank"), mode, self.failure_words(d)), **self.result)
+            if time.monotonic() >= deadline:
+                d = self.describe(state)
+                self.result.update(d, log_tail=tr.log_tail(text, self.p["log_lines"]))
+                self.m.fail_json(msg="job %s on node rank %s: no %s within %d s (still running; other nodes "
+                                     "missing at the rendezvous?)" % (self.job, state.get("node_rank"), mode,
+                                                                      self.p["wait_timeout"]), **self.result)
+            time.sleep(0.2)
+        self.result.update(self.describe(state))
+        self.result.update(waited_s=round(time.monotonic() - started, 2))
+        return self.result
+
+    @staticmethod
+    def failure_words(d):
+        f = d.get("failure")
+        if f:
+            return "rank %s (local rank %s) exit code %s%s" % (
+                f.get("rank"), f.get("local_rank"), f.get("exitcode"),
+                ", %s" % f["signal"] if f.get("signal") else "")
+        if d.get("exit"):
+            return "torchrun exited with %s; last line: %s" % (d["exit"].get("returncode"), d.get("last_log_line"))
+        return "last line: %s" % d.get("last_log_line")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", default="started", choices=["started", "stopped", "status"]),
+            job=dict(type="str", required=True),
+            state_root=dict(type="path", default="/var/lib/trainyard"),
+            nnodes=dict(type="int"),
+            nproc_per_node=dict(type="int"),
+            node_rank=dict(type="int"),
+            master_addr=dict(type="str"),
+            master_port=dict(type="int", default=29500),
+            rdzv_backend=dict(type="str", default="static", choices=["static", "c10d"]),
+            rdzv_id=dict(type="str", default=""),
+            max_restarts=dict(type="int", default=0),
+            torchrun=dict(type="list", elements="str", default=["torchrun"]),
+            extra_torchrun_args=dict(type="list", elements="str", default=[]),
+            entrypoint=dict(type="str"),
+            args=dict(type="list", elements="str", default=[]),
+            env_files=dict(type="list", elements="path", default=[]),
+            env=dict(type="dict", default={}),
+            chdir=dict(type="path"),
+            log=dict(type="path"),
+            runtime=dict(type="str", default="host", choices=["host", "docker"]),
+            container=dict(type="str", default=""),
+            container_python=dict(type="str", default="python3"),
+            docker=dict(type="str", default="docker"),
+            sidecars=dict(type="list", elements="dict", default=[]),
+            wait_for=dict(type="str", default="none", choices=["none", "rendezvous", "first_step"]),
+            wait_timeout=dict(type="int", default=300),
+            first_step_marker=dict(type="str", default="trainyard: first step done"),
+            rendezvous_marker=dict(type="str", default=""),
+            resume_from=dict(type="str", default=""),
+            output_root=dict(type="path"),
+            resume_arg=dict(type="str", default=""),
+            rerun_finished=dict(type="bool", default=False),
+            stop_timeout=dict(type="int", default=30),
+            log_lines=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    launch = Launch(module)
+    state = module.params["state"]
+    if state == "status":
+        launch.status()
+    elif state == "stopped":
+        launch.stop()
+    else:
+        module.exit_json(**launch.start())
+
+
+if __name__ == "__main__":
+    main()

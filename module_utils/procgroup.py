@@ -1,0 +1,297 @@
+# -*- coding: utf-8 -*-
+"""Processes of one launched job, found through /proc and signalled safely (stdlib only).
+
+Nothing here finds or kills a process by name. A job is identified by what the launcher gave it:
+
+* the leader: its PID *and* its start time (``start_ticks``, field 22 of ``/proc/PID/stat``), recorded at
+  launch. A PID whose start time differs is somebody else's process (the PID was reused);
+* a launch token: the launcher puts ``TRAINYARD_LAUNCH_ID=<token>`` into the environment of the job, every
+  descendant inherits it (torchrun starts its workers in sessions of their own, so process group and session
+  alone would miss them; an agent killed with -9 leaves its workers re-parented to init, so the parent chain
+  alone would miss them too).
+
+A process belongs to the job when it started no earlier than the leader and either descends from the
+verified leader or carries the token. Signals go through a pidfd opened *before* the start time is checked
+again, so a PID recycled between the scan and the signal is never hit (``os.kill`` where pidfds are missing).
+
+Used by the launch module (status/stop), the launcher it writes next to the job, and reset.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+
+TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
+PROC = "/proc"
+
+
+class ProcStat(object):
+    """The few fields of /proc/PID/stat this module needs."""
+
+    __slots__ = ("pid", "comm", "state", "ppid", "pgrp", "session", "start_ticks")
+
+    def __init__(self, pid, comm, state, ppid, pgrp, session, start_ticks):
+        self.pid = pid
+        self.comm = comm
+        self.state = state
+        self.ppid = ppid
+        self.pgrp = pgrp
+        self.session = session
+        self.start_ticks = start_ticks
+
+    def as_dict(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self):
+        return "ProcStat(%r)" % (self.as_dict(),)
+
+
+def parse_stat(text):
+    """Parse the text of /proc/PID/stat. The command name sits in parentheses and may itself contain
+    spaces and parentheses, so the fields are split after the *last* ')'. Returns None on malformed text."""
+    if not text:
+        return None
+    lpar = text.find("(")
+    rpar = text.rfind(")")
+    if lpar < 0 or rpar < lpar:
+        return None
+    try:
+        pid = int(text[:lpar].strip())
+    except ValueError:
+        return None
+    rest = text[rpar + 1:].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3]; start time is field 22.
+    if len(rest) < 20:
+        return None
+    try:
+        return ProcStat(pid=pid, comm=text[lpar + 1:rpar], state=rest[0], ppid=int(rest[1]), pgrp=int(rest[2]),
+                        session=int(rest[3]), start_ticks=int(rest[19]))
+    except ValueError:
+        return None
+
+
+def read_stat(pid, proc=PROC):
+    """ProcStat of a live PID, or None when it does not exist (or vanished while reading)."""
+    try:
+        with open("%s/%d/stat" % (proc, int(pid)), "r") as f:
+            return parse_stat(f.read())
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def start_ticks(pid, proc=PROC):
+    st = read_stat(pid, proc)
+    return st.start_ticks if st else None
+
+
+def read_environ(pid, proc=PROC):
+    """Environment of a process as a dict; None when it cannot be read (gone, or no permission)."""
+    try:
+        with open("%s/%d/environ" % (proc, int(pid)), "rb") as f:
+            data = f.read()
+    except (IOError, OSError, ValueError):
+        return None
+    return parse_environ(data)
+
+
+def parse_environ(data):
+    env = {}
+    for item in data.split(b"\0"):
+        if not item or b"=" not in item:
+            continue
+        k, _, v = item.partition(b"=")
+        env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return env
+
+
+def read_cmdline(pid, proc=PROC):
+    try:
+        with open("%s/%d/cmdline" % (proc, int(pid)), "rb") as f:
+            data = f.read()
+    except (IOError, OSError, ValueError):
+        return []
+    return [a.decode("utf-8", "replace") for a in data.split(b"\0")[:-1]] if data else []
+
+
+def all_stats(proc=PROC):
+    """ProcStat of every process visible in /proc (threads are not listed there)."""
+    out = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = read_stat(int(name), proc)
+        if st is not None:
+            out.append(st)
+    return out
+
+
+def is_alive(pid, ticks, proc=PROC):
+    """True when PID exists, is not a zombie, and started at ``ticks`` (it is the process we launched)."""
+    if not pid:
+        return False
+    st = read_stat(pid, proc)
+    return st is not None and st.state not in ("Z", "X", "x") and (ticks is None or st.start_ticks == int(ticks))
+
+
+def descendants(root_pid, stats):
+    """PIDs below root_pid in the parent tree of ``stats`` (root not included)."""
+    children = {}
+    for st in stats:
+        children.setdefault(st.ppid, []).append(st.pid)
+    out, todo, seen = [], [root_pid], {root_pid}
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, ()):
+            if c not in seen:
+                seen.add(c)
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def select_job(stats, leader_pid, leader_ticks, token=None, environ_of=None, include_zombies=False):
+    """The processes of one job among ``stats`` (a list of ProcStat): the leader when its start time matches,
+    its descendants, and any process that carries ``TRAINYARD_LAUNCH_ID=token``. Nothing older than the
+    leader is ever selected. ``environ_of(pid)`` returns a process environment (default: /proc).
+    Returns ProcStat objects sorted by PID."""
+    if environ_of is None:
+        environ_of = read_environ
+    by_pid = {st.pid: st for st in stats}
+    chosen = {}
+    leader = by_pid.get(int(leader_pid)) if leader_pid else None
+    if leader is not None and leader_ticks is not None and leader.start_ticks == int(leader_ticks):
+        chosen[leader.pid] = leader
+        for p in descendants(leader.pid, stats):
+            chosen[p] = by_pid[p]
+    if token:
+        for st in stats:
+            if st.pid in chosen:
+                continue
+            if leader_ticks is not None and st.start_ticks < int(leader_ticks):
+                continue
+            env = environ_of(st.pid)
+            if env is not None and env.get(TOKEN_ENV) == token:
+                chosen[st.pid] = st
+    result = [st for st in chosen.values()
+              if (leader_ticks is None or st.start_ticks >= int(leader_ticks))
+              and (include_zombies or st.state not in ("Z", "X", "x"))]
+    return sorted(result, key=lambda s: s.pid)
+
+
+def job_processes(leader_pid, leader_ticks, token=None, proc=PROC, exclude=()):
+    """Live processes of one job on this machine (see select_job)."""
+    env_of = (lambda pid: read_environ(pid, proc))
+    return [st for st in select_job(all_stats(proc), leader_pid, leader_ticks, token, env_of)
+            if st.pid not in exclude]
+
+
+def _pidfd_open(pid):
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            raise ProcessLookupError(pid)
+        return None  # ENOSYS and friends: fall back to kill()
+
+
+def signal_process(pid, ticks, sig, proc=PROC):
+    """Send ``sig`` to PID only if it is still the process that started at ``ticks``.
+    Returns True when the signal was delivered."""
+    try:
+        fd = _pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        # With a pidfd held, the PID cannot be recycled under us: check the start time, then signal.
+        st = read_stat(pid, proc)
+        if st is None or st.start_ticks != int(ticks):
+            return False
+        try:
+            sender = getattr(signal, "pidfd_send_signal", None)
+            if fd is not None and sender is not None:
+                sender(fd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                return False
+            raise
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def signal_group(pgid, leader_ticks, sig, proc=PROC):
+    """killpg(pgid) only when the group leader is alive and is the process that started at ``leader_ticks``.
+    Returns True when sent. (Members of a group whose leader is gone are signalled one by one instead.)"""
+    st = read_stat(pgid, proc)
+    if st is None or st.start_ticks != int(leader_ticks) or st.pgrp != int(pgid):
+        return False
+    try:
+        os.killpg(int(pgid), sig)
+    except OSError:
+        return False
+    return True
+
+
+def terminate(find, grace=10.0, poll=0.1, kill_after=True, sleep=time.sleep, clock=time.monotonic):
+    """SIGTERM every process ``find()`` returns (a list of ProcStat), re-scan until they are gone or ``grace``
+    seconds passed, then SIGKILL the stragglers. Re-scanning catches processes started meanwhile.
+    Returns {"terminated": [pids], "killed": [pids], "remaining": [pids]}."""
+    termed, killed = set(), set()
+    deadline = clock() + grace
+    while True:
+        procs = find()
+        if not procs:
+            break
+        for st in procs:
+            if st.pid not in termed and signal_process(st.pid, st.start_ticks, signal.SIGTERM):
+                termed.add(st.pid)
+        if clock() >= deadline:
+            break
+        sleep(poll)
+    if kill_after:
+        for _ in range(50):
+            procs = find()
+            if not procs:
+                break
+            for st in procs:
+                if signal_process(st.pid, st.start_ticks, signal.SIGKILL):
+                    killed.add(st.pid)
+            sleep(poll)
+    remaining = [st.pid for st in find()]
+    return {"terminated": sorted(termed), "killed": sorted(killed), "remaining": remaining}
+
+
+def start_detached(argv, log_path=None, cwd=None, env=None):
+    """Start argv in a new session (its own process group) with stdin from /dev/null and output appended to
+    log_path (or /dev/null); it outlives the caller. Returns (pid, start_ticks)."""
+    out = open(log_path, "ab") if log_path else open(os.devnull, "wb")
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                             env=env, close_fds=True, start_new_session=True)
+    finally:
+        out.close()
+    ticks = None
+    for _ in range(50):
+        ticks = start_ticks(p.pid)
+        if ticks is not None:
+            break
+        time.sleep(0.01)
+    # The child is never waited for: it lives on after this process exits.
+    p.returncode = 0  # keep Popen.__del__ from warning about a running child
+    return p.pid, ticks

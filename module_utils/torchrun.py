@@ -1,0 +1,617 @@
+# -*- coding: utf-8 -*-
+"""Pure helpers of the torchrun launch: the command, the environment, the state file, log parsing.
+
+Kept apart from the code that starts processes (library/torchrun_launch.py, the launcher in LAUNCHER_SOURCE)
+so the logic is unit-tested without launching anything (tests/unit/test_torchrun*.py).
+
+State file (``<state_root>/<job>/launch.json``, docs/architecture.md)::
+
+    {"job": "train", "runtime": "docker", "container": "trainyard-train",
+     "pid": 4242, "pgid": 4242, "start_ticks": 123456, "started_at": 1763800000.0,
+     "command": ["torchrun", "--nnodes=3", ...], "env_files": [...], "log": ".../torchrun.log",
+     "node_rank": 0, "master_port": 39500, "resume_from": "/outputs/checkpoint-20",
+     "sidecars": [{"name": "janitor", "pid": 4250, "pgid": 4250, "start_ticks": 123470, "argv": [...]}],
+     "token": "...", "fingerprint": "...", "exit_file": ".../launch.exit.json", "version": 1}
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import json
+import os
+import re
+import shlex
+import time
+
+STATE_FILE = "launch.json"
+PID_FILE = "launch.pid.json"
+EXIT_FILE = "launch.exit.json"
+SPEC_FILE = "launch.spec.json"
+LAUNCHER_FILE = "launcher.py"
+STATE_VERSION = 1
+RESUME_ENV = "TRAINYARD_RESUME_FROM"
+TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
+RDZV_BACKENDS = ("static", "c10d")
+LOG_KEEP = 5
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class LaunchError(ValueError):
+    """A parameter combination that cannot make a valid torchrun command."""
+
+
+# ----------------------------------------------------------------------------------------------- command
+
+def validate_job_name(name):
+    if not name or not _JOB_NAME.match(name) or name in (".", ".."):
+        raise LaunchError("job name %r: use letters, digits, '.', '_' and '-' (it names a directory)" % (name,))
+    return name
+
+
+def validate_topology(nnodes, nproc_per_node, node_rank, master_port):
+    if int(nnodes) < 1:
+        raise LaunchError("nnodes=%s: must be at least 1" % nnodes)
+    if int(nproc_per_node) < 1:
+        raise LaunchError("nproc_per_node=%s: must be at least 1" % nproc_per_node)
+    if not 0 <= int(node_rank) < int(nnodes):
+        raise LaunchError("node_rank=%s is outside 0..%d (nnodes=%s): take node ranks from the cluster model"
+                          % (node_rank, int(nnodes) - 1, nnodes))
+    if not 1 <= int(master_port) <= 65535:
+        raise LaunchError("master_port=%s: must be a TCP port (1-65535)" % master_port)
+
+
+def resume_args(resume_path, resume_arg):
+    """The entry point's extra arguments for a resume: [] without a path or flag; ['--flag', path] or
+    ['--flag=path'] when the flag ends with '='."""
+    if not resume_path or not resume_arg:
+        return []
+    if resume_arg.endswith("="):
+        return [resume_arg + resume_path]
+    return [resume_arg, resume_path]
+
+
+def build_command(nnodes, nproc_per_node, node_rank, master_addr, master_port, entrypoint, args=(),
+                  rdzv_backend="static", rdzv_id="", max_restarts=0, torchrun=("torchrun",),
+                  extra_torchrun_args=(), resume_path=None, resume_arg=None):
+    """The torchrun argv for one node. static: ranks come from --node_rank (the cluster model);
+    c10d: the rendezvous endpoint is master_addr:master_port and torchrun assigns node ranks itself."""
+    validate_topology(nnodes, nproc_per_node, node_rank, master_port)
+    if rdzv_backend not in RDZV_BACKENDS:
+        raise LaunchError("rdzv_backend=%r: use one of %s" % (rdzv_backend, ", ".join(RDZV_BACKENDS)))
+    if not master_addr:
+        raise LaunchError("master_addr is empty: it is the head node's data address (cluster_model.master_addr)")
+    if not entrypoint:
+        raise LaunchError("entrypoint is empty: give the training script (train_args_entrypoint)")
+    if int(max_restarts) < 0:
+        raise LaunchError("max_restarts=%s: must be 0 or more" % max_restarts)
+    cmd = list(torchrun) or ["torchrun"]
+    cmd += ["--nnodes=%d" % int(nnodes), "--nproc_per_node=%d" % int(nproc_per_node)]
+    if rdzv_backend == "static":
+        cmd += ["--node_rank=%d" % int(node_rank), "--master_addr=%s" % master_addr,
+                "--master_port=%d" % int(master_port), "--rdzv_backend=static"]
+    else:
+        cmd += ["--rdzv_backend=c10d", "--rdzv_endpoint=%s:%d" % (master_addr, int(master_port))]
+    if rdzv_id:
+        cmd += ["--rdzv_id=%s" % rdzv_id]
+    cmd += ["--max_restarts=%d" % int(max_restarts)]
+    cmd += [str(a) for a in extra_torchrun_args]
+    cmd += [str(entrypoint)] + [str(a) for a in args]
+    cmd += resume_args(resume_path, resume_arg)
+    return cmd
+
+
+def shell_quote(argv):
+    """argv as one copy-pasteable line (display only; nothing is ever run through a shell)."""
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# ------------------------------------------------------------------------------------------- environment
+
+def parse_env_file(text, source="env file"):
+    """KEY=value lines (``export KEY=value`` too); blank lines and # comments are skipped; single or double
+    quotes around the whole value are removed. Returns (env, problems)."""
+    env, problems = {}, []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _ENV_NAME.match(key):
+            problems.append("%s line %d: not KEY=value: %r" % (source, n, raw[:80]))
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in ("'", '"'):
+            value = value[1:-1]
+        env[key] = value
+    return env, problems
+
+
+def validate_env(env):
+    bad = [k for k in env if not _ENV_NAME.match(str(k))]
+    if bad:
+        raise LaunchError("env: %s not valid variable name(s)" % ", ".join(sorted(map(repr, bad))))
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def merge_env(file_envs, extra_env, resume_path=None, token=None):
+    """What the job sees on top of the process environment: env files in order, then extra env, then
+    TRAINYARD_RESUME_FROM and the launch token."""
+    out = {}
+    for e in file_envs:
+        out.update(e)
+    out.update(extra_env or {})
+    if resume_path:
+        out[RESUME_ENV] = resume_path
+    else:
+        out.pop(RESUME_ENV, None)
+    if token:
+        out[TOKEN_ENV] = token
+    return out
+
+
+def fingerprint(command, env, env_files, chdir, runtime, container):
+    """What makes two launches 'the same job': command, extra environment (the files by path: they are
+    rendered identically by the render play), working directory, runtime and container. The resume point is
+    not part of it (a running job is not a different job because a newer checkpoint appeared)."""
+    blob = json.dumps({"command": list(command), "env": dict(sorted((env or {}).items())),
+                       "env_files": list(env_files or []), "chdir": chdir or "", "runtime": runtime,
+                       "container": container or ""}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# -------------------------------------------------------------------------------------------- state file
+
+def job_dir(state_root, job):
+    return os.path.join(state_root, validate_job_name(job))
+
+
+def make_state(job, runtime, container, pid, pgid, start_ticks, started_at, command, env_files, log, node_rank,
+               master_port, resume_from, sidecars, token, fingerprint_, exit_file, torchrun_pid=None):
+    return {"version": STATE_VERSION, "job": job, "runtime": runtime, "container": container or "",
+            "pid": int(pid), "pgid": int(pgid), "start_ticks": int(start_ticks), "started_at": float(started_at),
+            "command": list(command), "env_files": list(env_files), "log": log, "node_rank": int(node_rank),
+            "master_port": int(master_port), "resume_from": resume_from or "", "sidecars": list(sidecars),
+            "token": token, "fingerprint": fingerprint_, "exit_file": exit_file,
+            "torchrun_pid": int(torchrun_pid) if torchrun_pid else None}
+
+
+_REQUIRED = {"job": str, "pid": int, "pgid": int, "start_ticks": int, "command": list, "log": str}
+
+
+def parse_state(text):
+    """launch.json text → dict; raises ValueError naming what is wrong (a torn or foreign file)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    for key, typ in _REQUIRED.items():
+        if not isinstance(data.get(key), typ) or isinstance(data.get(key), bool):
+            raise ValueError("field %r missing or not %s" % (key, typ.__name__))
+    sidecars = data.setdefault("sidecars", [])
+    if not isinstance(sidecars, list) or not all(isinstance(s, dict) for s in sidecars):
+        raise ValueError("field 'sidecars' is not a list of objects")
+    data.setdefault("token", None)
+    data.setdefault("fingerprint", None)
+    data.setdefault("runtime", "host")
+    data.setdefault("container", "")
+    return data
+
+
+def dumps_state(state):
+    return json.dumps(state, indent=2, sort_keys=True) + "\n"
+
+
+def write_atomic(path, text, mode=0o644):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+
+
+def rotated_names(log, keep=LOG_KEEP):
+    """[(src, dst)] renames that shift log → log.1 → … → log.<keep> (oldest first, so nothing is overwritten
+    before it moved)."""
+    pairs = [("%s.%d" % (log, i), "%s.%d" % (log, i + 1)) for i in range(keep - 1, 0, -1)]
+    pairs.append((log, "%s.1" % log))
+    return pairs
+
+
+# --------------------------------------------------------------------------------------------- log parsing
+
+_BLOCK = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_FIELD = re.compile(r"^\s{2,}(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_RANK = re.compile(r"^(-?\d+)(?:\s*\(local_rank:\s*(-?\d+)\))?")
+_EXIT = re.compile(r"^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?(?:\s*\((SIG[A-Z0-9]+)\))?")
+_SIGNAL_TB = re.compile(r"Signal (\d+) \((SIG[A-Z0-9]+)\) received by PID (\d+)")
+_FAILED_HDR = re.compile(r"^(\S.*) FAILED\s*$")
+# torchrun's own log line when it sees a worker die (glog format, microseconds, no year):
+# E1122 21:31:10.522000 6089 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 6123) of binary: ...
+_GLOG_FAILED = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ \S+\] failed \(exitcode: (-?\d+)\) "
+                          r"local_rank: (\d+) \(pid: (\d+)\)", re.M)
+_SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def _torch_time(value):
+    """'2026-11-22_21:25:32' (torchrun's local-time format) → epoch seconds (UTC assumed when parsing; only
+    compared across nodes of one cluster); None when unparsable."""
+    try:
+        return float(calendar.timegm(time.strptime(value.strip(), "%Y-%m-%d_%H:%M:%S")))
+    except (ValueError, TypeError):
+        return None
+
+
+def _glog_time(detected, coarse):
+    """Precise epoch of a glog 'failed' line: month/day and time of day from glog, the year from torchrun's
+    coarse report time ('YYYY-MM-DD_HH:MM:SS')."""
+    mmdd, tod = detected
+    year = coarse[:4] if coarse and coarse[:4].isdigit() else time.strftime("%Y")
+    whole, _, frac = tod.partition(".")
+    try:
+        base = calendar.timegm(time.strptime("%s%s %s" % (year, mmdd, whole), "%Y%m%d %H:%M:%S"))
+    except ValueError:
+        return None
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def parse_failures(text):
+    """Failures that torchrun reports (ChildFailedError) in a log: a list of dicts
+    {rank, local_rank, exitcode, pid, signal, time, time_epoch, host, traceback, root_cause, script}.
+    The root cause (torchrun's "first observed failure") comes first; later failure reports (a restarted
+    group) come after. Lines of an indented multi-line traceback are joined."""
+    failures = []
+    section = None
+    script = None
+    cur = None
+    last_field = None
+
+    def close():
+        if cur is not None and ("rank" in cur or "exitcode" in cur):
+            failures.append(cur)
+
+    for line in text.splitlines():
+        m = _FAILED_HDR.match(line)
+        if m and not line.startswith(" "):
+            script = m.group(1).strip()
+        s = line.strip()
+        if s.startswith("Failures:"):
+            close()
+            cur, section = None, "other"
+            continue
+        if s.startswith("Root Cause"):
+            close()
+            cur, section = None, "root"
+            continue
+        if s.startswith("=====") or s.startswith("-----"):
+            close()
+            cur = None
+            if s.startswith("====="):
+                section = section if section else None
+            continue
+        if section is None:
+            continue
+        mb = _BLOCK.match(line)
+        if mb:
+            close()
+            cur = {"root_cause": section == "root", "script": script, "index": int(mb.group(1))}
+            last_field = None
+            continue
+        if cur is None:
+            continue
+        mf = _FIELD.match(line)
+        if mf:
+            key, value = mf.group(1), mf.group(2).rstrip()
+            last_field = key
+            if key == "rank":
+                mr = _RANK.match(value.strip())
+                if mr:
+                    cur["rank"] = int(mr.group(1))
+                    if mr.group(2) is not None:
+                        cur["local_rank"] = int(mr.group(2))
+            elif key == "exitcode":
+                me = _EXIT.match(value.strip())
+                if me:
+                    cur["exitcode"] = int(me.group(1))
+                    if me.group(2):
+                        cur["pid"] = int(me.group(2))
+                    if me.group(3):
+                        cur["signal"] = me.group(3)
+            elif key == "time":
+                cur["time"] = value.strip()
+                cur["time_epoch"] = _torch_time(value)
+            else:
+                cur[key] = value.strip()
+        elif last_field == "traceback" and line.startswith("  ") and s:
+            cur["traceback"] = (cur.get("traceback", "") + "\n" + line[2:].rstrip()).strip("\n")
+    close()
+    detected = {}
+    for m in _GLOG_FAILED.finditer(text):
+        detected.setdefault(int(m.group(5)), (m.group(1), m.group(2)))
+    for f in failures:
+        f.setdefault("local_rank", None)
+        f.setdefault("pid", None)
+        f.setdefault("time", None)
+        f.setdefault("time_epoch", None)
+        f.setdefault("host", None)
+        f.setdefault("traceback", "")
+        f.setdefault("rank", None)
+        f.setdefault("exitcode", None)
+        if f["pid"] in detected:
+            precise = _glog_time(detected[f["pid"]], f["time"])
+            # glog marks when the agent noticed; an error file's whole-second time can be earlier still.
+            if precise is not None and (f["time_epoch"] is None or int(precise) <= f["time_epoch"]):
+                f["time_epoch"] = precise
+        if "signal" not in f:
+            mt = _SIGNAL_TB.search(f.get("traceback") or "")
+            if mt:
+                f["signal"] = mt.group(2)
+            elif isinstance(f["exitcode"], int) and f["exitcode"] < 0:
+                f["signal"] = _SIGNAMES.get(-f["exitcode"], "SIG%d" % -f["exitcode"])
+            else:
+                f["signal"] = None
+    failures.sort(key=lambda f: (not f["root_cause"],))
+    return failures
+
+
+_COMM_ERROR = re.compile(
+    r"Connection (reset|closed|refused)|connection closed by peer|Broken pipe|pair\.cc|Timed out|timed out|"
+    r"Timeout|DistNetworkError|DistBackendError|NCCL (communicator was aborted|error)|watchdog|"
+    r"ProcessGroup\w* .*(abort|timeout)|Socket Timeout|recvBytes|sendBytes", re.I)
+_TEARDOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def failure_class(failure):
+    """How likely a failure is the cause rather than a consequence (lower = cause):
+    0 killed by a signal from outside (SIGKILL, SIGSEGV, SIGABRT, ...: the OOM killer, a crash, kill -9);
+    1 an error of its own (an exception that is not a communication error);
+    2 a communication error (a peer went away: connection reset/closed, collective timeout);
+    3 terminated by SIGTERM/SIGINT without an error of its own (torchrun tearing the group down)."""
+    sig = failure.get("signal")
+    tb = failure.get("traceback") or ""
+    own_tb = bool(tb) and not tb.startswith("Signal ") and not tb.startswith("To enable traceback")
+    if sig and sig not in _TEARDOWN_SIGNALS:
+        return 0
+    if own_tb and _COMM_ERROR.search(tb):
+        return 2
+    if own_tb:
+        return 1
+    if sig:
+        return 3
+    return 1  # exited with an error code and no traceback recorded: its own failure as far as we know
+
+
+def failure_sort_key(failure):
+    """Order failures (of one node or of all nodes) so the cause comes first: by failure_class, then the
+    earliest time, then the lower node rank and rank. torchrun's own "first observed failure" is by time
+    only, and a killed rank's time is when its agent noticed, after the survivors already logged their
+    connection errors: time alone names a victim."""
+    t = failure.get("time_epoch")
+    return (failure_class(failure), t if t is not None else float("inf"),
+            failure.get("node_rank") if failure.get("node_rank") is not None else 1 << 30,
+            failure.get("rank") if failure.get("rank") is not None else 1 << 30)
+
+
+def root_cause(text):
+    """The failure in a log that most likely caused the others (see failure_sort_key), or None."""
+    fs = parse_failures(text)
+    return min(fs, key=failure_sort_key) if fs else None
+
+
+def first_failure(failures):
+    """The failure to name first among per-node failures (dicts as returned by parse_failures, with
+    node_rank/node added by the caller); None when the list is empty."""
+    fs = [f for f in failures if f]
+    return min(fs, key=failure_sort_key) if fs else None
+
+
+def log_tail(text, lines=30):
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def last_line(text):
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.rstrip()
+    return ""
+
+
+def find_marker(text, pattern):
+    """The first line matching the regex ``pattern`` (None when absent or no pattern)."""
+    if not pattern:
+        return None
+    rx = re.compile(pattern)
+    for line in text.splitlines():
+        if rx.search(line):
+            return line
+    return None
+
+
+def job_status(alive, exit_info, failure):
+    """running | finished | failed from what the node knows: live job processes, the launcher's exit record,
+    a torchrun failure report in the log."""
+    if alive:
+        return "running"
+    if exit_info is not None and exit_info.get("returncode") == 0 and not failure:
+        return "finished"
+    return "failed"
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+# Written next to the job (<state_root>/<job>/launcher.py) and run with the job's python (host or inside the
+# training container, which mounts the state directory at the same path). It becomes a session leader, writes
+# its PID, start time and the torchrun PID, runs torchrun with the environment applied, forwards SIGTERM/SIGINT,
+# records torchrun's exit status, and on the way out ends any process still carrying the job's launch token
+# (workers orphaned by an agent that was killed), so a dead agent never leaves ranks hanging at a collective.
+LAUNCHER_SOURCE = r'''#!/usr/bin/env python3
+# trainyard launcher (written by torchrun_launch; do not edit). Usage: launcher.py SPEC.json
+import json, os, signal, sys, time
+
+TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
+
+
+def stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            t = f.read()
+    except OSError:
+        return None
+    rest = t[t.rfind(")") + 2:].split()
+    return {"state": rest[0], "ppid": int(rest[1]), "pgrp": int(rest[2]), "session": int(rest[3]),
+            "start_ticks": int(rest[19])}
+
+
+def write_json(path, data):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.rename(tmp, path)
+
+
+def env_file(path):
+    env = {}
+    with open(path) as f:
+        for raw in f:
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("export "):
+                line = line[7:].lstrip()
+            k, sep, v = line.partition("=")
+            k, v = k.strip(), v.strip()
+            if not sep or not k:
+                continue
+            if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+                v = v[1:-1]
+            env[k] = v
+    return env
+
+
+def leftovers(token, me, since):
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        st = stat(int(name))
+        if st is None or st["state"] == "Z" or st["start_ticks"] < since:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if (TOKEN_ENV + "=" + token).encode() in env:
+            out.append((int(name), st["start_ticks"]))
+    return out
+
+
+def kill_if_same(pid, ticks, sig):
+    st = stat(pid)
+    if st is not None and st["start_ticks"] == ticks:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (started with start_new_session)
+    me = os.getpid()
+    my_ticks = stat(me)["start_ticks"]
+    env = dict(os.environ)
+    for path in spec.get("env_files", []):
+        env.update(env_file(path))
+    env.update(spec.get("env", {}))
+    env[TOKEN_ENV] = spec["token"]
+    if not spec.get("resume_from"):
+        env.pop("TRAINYARD_RESUME_FROM", None)
+    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    if spec.get("chdir"):
+        os.chdir(spec["chdir"])
+    sys.stdout.write("trainyard-launch: %s start %s: %s\n" % (
+        time.strftime("%Y-%m-%dT%H:%M:%S"), spec.get("name", "job"), " ".join(spec["argv"])))
+    sys.stdout.flush()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        os.set_inheritable(w, False)
+        try:
+            os.execvpe(spec["argv"][0], spec["argv"], env)
+        except OSError as e:
+            os.write(2, ("trainyard-launch: cannot run %s: %s\n" % (spec["argv"][0], e)).encode())
+            os.write(w, b"x")
+            os._exit(127)
+    os.close(w)
+    child_ticks = None
+    for _ in range(200):
+        st = stat(child)
+        if st is not None:
+            child_ticks = st["start_ticks"]
+            break
+        time.sleep(0.005)
+    write_json(spec["pid_file"], {"pid": me, "pgid": os.getpgid(0), "sid": os.getsid(0), "start_ticks": my_ticks,
+                                  "child_pid": child, "child_start_ticks": child_ticks, "token": spec["token"]})
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            status = 255 << 8
+            break
+    exec_failed = bool(os.read(r, 1))
+    rc = os.waitstatus_to_exitcode(status)
+    sys.stdout.write("trainyard-launch: %s %s exited with %s\n" % (
+        time.strftime("%Y-%m-%dT%H:%M:%S"), spec.get("name", "job"),
+        "signal %d" % -rc if rc < 0 else "code %d" % rc))
+    sys.stdout.flush()
+    write_json(spec["exit_file"], {"returncode": rc, "ended_at": time.time(), "stopped": bool(stopping),
+                                   "exec_failed": exec_failed, "token": spec["token"]})
+    # Workers torchrun left behind (their agent was killed): end them so peers fail fast instead of waiting.
+    grace = float(spec.get("leftover_grace", 5))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        procs = leftovers(spec["token"], me, my_ticks)
+        if not procs:
+            break
+        for pid, ticks in procs:
+            kill_if_same(pid, ticks, sig)
+        deadline = time.time() + grace
+        while time.time() < deadline and leftovers(spec["token"], me, my_ticks):
+            time.sleep(0.1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
