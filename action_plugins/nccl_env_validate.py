@@ -1,0 +1,98 @@
+# -*- coding: utf-8 -*-
+"""Check and merge the variables of the NCCL/torch env file on the controller, before anything is written."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nccl_env_validate
+short_description: Check the names and values of the NCCL/torch environment file before it is rendered
+description:
+  - Merges the role's sections with the user's extra variables and checks every name against the variables NCCL,
+    torch, gloo, CUDA, OpenMP and the launchers read (module_utils/nccl_vars.py). An unknown name (a typo) is an
+    error that names the nearest valid variable.
+  - Checks every value can be written unquoted, so C(docker run --env-file) and a shell C(set -a; . file) read it
+    the same way.
+  - Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
+    C(errors) so the role can record the check in the preflight report and then stop.
+options:
+  sections:
+    description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
+    type: list
+    elements: dict
+    required: true
+  extra:
+    description: The user's variables (C(nccl_env_extra)); they may override the role's, but not the rendezvous ones.
+    type: dict
+    default: {}
+  allow_unknown:
+    description: Names, or shell-style patterns (C(MYLAB_*)), accepted although NCCL and torch do not read them.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Check the variables of the env file
+  nccl_env_validate:
+    sections: "{{ _nccl_env_sections }}"
+    extra: "{{ nccl_env_extra }}"
+    allow_unknown: "{{ nccl_env_allow_unknown }}"
+  register: __nccl_env_validated
+"""
+
+RETURN = r"""
+ok:
+  description: Whether every name and value can be written.
+  returned: always
+  type: bool
+errors:
+  description: One message per bad name or value, with the nearest valid name where there is one.
+  returned: always
+  type: list
+  elements: str
+sections:
+  description: The sections to write, values as text, the user's variables last.
+  returned: always
+  type: list
+  elements: dict
+env:
+  description: The flat C({name: value}) of the file.
+  returned: always
+  type: dict
+"""
+
+import os
+import sys
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
+import nccl_vars  # noqa: E402  (module_utils/ of this repository, found through the path above)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        sections = args.get("sections")
+        if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
+            raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
+        extra = args.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise AnsibleActionFail(f"nccl_env_extra must be a dict of NAME: value, not {type(extra).__name__}")
+        allow = args.get("allow_unknown") or []
+        if isinstance(allow, str):
+            allow = [allow]
+        merged, env, errors = nccl_vars.build_env(sections, extra, allow)
+        result.update(changed=False, ok=not errors, errors=errors, sections=merged, env=env)
+        return result
