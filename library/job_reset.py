@@ -1,0 +1,524 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module job_reset: clean one job's leftovers from a node after a crash (processes, shm, port)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: job_reset
+short_description: Remove one training job's leftovers from a node (processes, shared memory, rendezvous port)
+description:
+  - Reads the job's launch state (C(<state_root>/<job>/launch.json), or the copy passed in C(launch_state)
+    when the launch role already removed the file) and cleans what that job left behind. Nothing is found or
+    killed by name.
+  - "Processes: the job's are the launch leader when its PID and start time (C(start_ticks)) match, its
+    descendants, members of its process group or session while that leader is verified, and any process
+    that carries the job's launch token (C(TRAINYARD_LAUNCH_ID)) and started no earlier than the leader; the
+    same for each sidecar. They get SIGTERM, then SIGKILL after C(stop_timeout). Processes of anything else
+    that hold a GPU device (C(/dev/nvidia*)) are reported in C(gpu_users), never killed."
+  - "Files: top-level entries of C(/dev/shm) and C(/tmp) whose names match C(patterns)
+    (C(torch_*), C(nccl-*), C(.torch_distributed_*), ...). An entry is this job's when a process of the job
+    held it open or mapped it, or when all of these hold: owned by the job's user (the owner of the state
+    directory), changed no earlier than the job started (C(started_at) from the state, else the last start
+    line of the job log), not held open or mapped by any live process outside the job, and not named
+    C(torch_<pid>_...) after a live process outside the job. Everything else is reported in C(kept) with the
+    reason, never removed. Symlinks are removed as links, never followed."
+  - "Port: listeners on C(port) (default: the state's C(master_port)) are found through C(/proc/net/tcp*) and
+    the sockets in C(/proc/*/fd). A listener of the job is killed with the job; any other holder is reported
+    (PID and command) and left alone."
+  - Check mode reports what would be done. Idempotent; on a clean node C(changed=false).
+version_added: "1.0.0"
+author: trainyard
+options:
+  job:
+    description: Job name (C(cluster_job_name)); names the state directory C(<state_root>/<job>).
+    type: str
+    required: true
+  state_root:
+    description: Node-local state directory of all jobs (C(cluster_state_dir)).
+    type: path
+    default: /var/lib/trainyard
+  launch_state:
+    description:
+      - The job's launch.json content read before the launch role's reset removed it (a dict). Used together
+        with the file when both exist (the file wins for the same launch token).
+    type: dict
+  port:
+    description: Rendezvous port to free (C(cluster_rendezvous_port)); 0 takes the state's C(master_port).
+    type: int
+    default: 0
+  patterns:
+    description: Glob patterns of leftover names, per directory.
+    type: dict
+    default:
+      /dev/shm: ["torch_*", "nccl-*", "sem.mp-*", "sem.loky-*", "__KMP_REGISTERED_LIB_*", "psm_*", "psm2_*"]
+      /tmp: [".torch_distributed_*", "torchelastic_*", "pymp-*", ".nccl-*"]
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 10
+  started_slack:
+    description: Seconds before the job's recorded start that still count as its lifetime (clock granularity).
+    type: float
+    default: 2
+  gpu_devices:
+    description: Path prefix of GPU device files; processes outside the job holding one are reported.
+    type: str
+    default: /dev/nvidia
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+notes:
+  - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token).
+"""
+
+EXAMPLES = r"""
+- name: Read the launch state before the launch role removes it
+  ansible.builtin.slurp:
+    src: /var/lib/trainyard/train/launch.json
+  register: __launch_state
+  failed_when: false
+
+- name: Clean this job's leftovers
+  job_reset:
+    job: train
+    state_root: /var/lib/trainyard
+    port: 39500
+    launch_state: "{{ (__launch_state.content | b64decode | from_json) if __launch_state.content is defined else omit }}"
+  register: __reset
+"""
+
+RETURN = r"""
+found:
+  description: What belonged to the job when the module started.
+  returned: always
+  type: dict
+  contains:
+    processes: {description: "[{pid, comm, cmdline}] of the job and its sidecars", type: list}
+    files: {description: leftover paths attributed to the job, type: list}
+    port_holders: {description: "[{pid, cmdline, ours}] listening on the port", type: list}
+cleaned:
+  description: What was removed (in check mode, what would be).
+  returned: always
+  type: dict
+  contains:
+    terminated: {description: PIDs that got SIGTERM, type: list}
+    killed: {description: PIDs that needed SIGKILL, type: list}
+    files: {description: paths removed, type: list}
+    bytes: {description: bytes of the files removed, type: int}
+kept:
+  description: "Matching leftovers that are not this job's: [{path, why}]."
+  returned: always
+  type: list
+gpu_users:
+  description: "Processes outside the job holding /dev/nvidia*: [{pid, cmdline, devices}] (reported, not killed)."
+  returned: always
+  type: list
+port:
+  description: "{port, free, holders}: the port after cleaning."
+  returned: always
+  type: dict
+summary:
+  description: One line for the per-node summary.
+  returned: always
+  type: str
+"""
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import stat
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils import procgroup as pg
+
+STATE_FILE = "launch.json"
+START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)
+TORCH_SHM = re.compile(r"^torch_(\d+)_")
+TCP_LISTEN = "0A"
+
+
+# ------------------------------------------------------------------------------------------ pure helpers
+
+def parse_proc_net_tcp(text, port):
+    """Socket inodes listening on ``port`` in the text of /proc/net/tcp or tcp6."""
+    inodes = set()
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != TCP_LISTEN:
+            continue
+        try:
+            lport = int(f[1].rsplit(":", 1)[1], 16)
+        except (IndexError, ValueError):
+            continue
+        if lport == int(port) and f[9] != "0":
+            inodes.add(f[9])
+    return inodes
+
+
+def started_from_log(text):
+    """Epoch seconds of the last 'trainyard-launch: <time> start' line of a job log (local time), or None."""
+    matches = START_LINE.findall(text or "")
+    if not matches:
+        return None
+    try:
+        return time.mktime(time.strptime(matches[-1], "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def match_patterns(name, patterns):
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def attribute(entry, job, holders_of, live_others):
+    """Decide whether a leftover entry is this job's.
+
+    entry: {path, name, uid, ctime, mtime}; job: {uid, started_at, held (set of paths its processes held)};
+    holders_of: path -> set of live PIDs (outside the job) holding it open or mapped;
+    live_others: set of live PIDs outside the job. Returns (ours: bool, why: str).
+    """
+    path = entry["path"]
+    others = holders_of.get(path) or set()
+    if others:
+        return False, "held open by PID %s (not this job)" % ",".join(str(p) for p in sorted(others))
+    if path in job["held"]:
+        return True, "held by the job"
+    m = TORCH_SHM.match(entry["name"])
+    if m and int(m.group(1)) in live_others:
+        return False, "created by live PID %s (not this job)" % m.group(1)
+    if job["started_at"] is None:
+        return False, "job start time unknown (no launch state or log): not attributed"
+    if job["uid"] is not None and entry["uid"] != job["uid"]:
+        return False, "owned by uid %d, the job runs as uid %d" % (entry["uid"], job["uid"])
+    if max(entry["ctime"], entry["mtime"]) < job["started_at"]:
+        return False, "older than the job (changed %s, job started %s)" % (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(entry["ctime"], entry["mtime"]))),
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(job["started_at"])))
+    return True, "created during the job by its user, held by no one"
+
+
+# --------------------------------------------------------------------------------------------- /proc scans
+
+def proc_fd_targets(pid):
+    out = []
+    d = "/proc/%d/fd" % pid
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        try:
+            out.append(os.readlink(os.path.join(d, n)))
+        except OSError:
+            continue
+    return out
+
+
+def proc_mapped_paths(pid):
+    out = set()
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    out.add(parts[5].rstrip("\n").replace(" (deleted)", ""))
+    except (IOError, OSError):
+        pass
+    return out
+
+
+def open_paths(pid):
+    return set(t for t in proc_fd_targets(pid) if t.startswith("/")) | proc_mapped_paths(pid)
+
+
+def listening_inodes(port):
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                inodes |= parse_proc_net_tcp(f.read(), port)
+        except (IOError, OSError):
+            continue
+    return inodes
+
+
+class Reset(object):
+    def __init__(self, module):
+        self.m = module
+        p = module.params
+        self.p = p
+        self.job = p["job"]
+        if not self.job or "/" in self.job or self.job in (".", ".."):
+            module.fail_json(msg="job %r: a job name names a directory (no '/')" % (self.job,))
+        self.dir = os.path.join(p["state_root"], self.job)
+        self.me = self.my_lineage()
+        self.found = {"processes": [], "files": [], "port_holders": [], "state": None}
+        self.cleaned = {"terminated": [], "killed": [], "files": [], "bytes": 0}
+        self.kept = []
+        self.warnings = []
+
+    @staticmethod
+    def my_lineage():
+        """This module's process and its ancestors: never selected, whatever they carry."""
+        out, pid = set(), os.getpid()
+        while pid and pid not in out:
+            out.add(pid)
+            st = pg.read_stat(pid)
+            pid = st.ppid if st else 0
+        return out
+
+    # ------------------------------------------------------------------ state
+    def states(self):
+        """The launch states to clean: the file and/or the copy passed in (different launches both count)."""
+        out = []
+        path = os.path.join(self.dir, STATE_FILE)
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    out.append(json.load(f))
+            except (IOError, OSError, ValueError) as e:
+                self.warnings.append("%s is unreadable (%s): processes found by it are not cleaned" % (path, e))
+        given = self.p["launch_state"]
+        if given and isinstance(given, dict) and given.get("pid"):
+            if not any(s.get("token") == given.get("token") and s.get("pid") == given.get("pid") for s in out):
+                out.append(given)
+        return [s for s in out if isinstance(s, dict)]
+
+    def job_uid(self):
+        for path in (os.path.join(self.dir, STATE_FILE), self.dir):
+            try:
+                return os.lstat(path).st_uid
+            except OSError:
+                continue
+        return None
+
+    def started_at(self, states):
+        times = [float(s["started_at"]) for s in states if isinstance(s.get("started_at"), (int, float))]
+        if times:
+            return min(times)
+        logs = [s.get("log") for s in states if s.get("log")] + [os.path.join(self.dir, "torchrun.log")]
+        for log in logs:
+            try:
+                with open(log, "rb") as f:
+                    t = started_from_log(f.read(4 * 1024 * 1024).decode("utf-8", "replace"))
+            except (IOError, OSError):
+                continue
+            if t is not None:
+                return t
+        return None
+
+    # ------------------------------------------------------------------ processes
+    def job_procs(self, states):
+        stats = pg.all_stats()
+        chosen = {}
+        for s in states:
+            leaders = [(s.get("pid"), s.get("start_ticks"), s.get("token"), s.get("pgid"))]
+            for sc in s.get("sidecars") or []:
+                if isinstance(sc, dict):
+                    leaders.append((sc.get("pid"), sc.get("start_ticks"), sc.get("token"), sc.get("pgid")))
+            for pid, ticks, token, pgid in leaders:
+                if not pid or ticks is None:
+                    continue
+                for st in pg.select_job(stats, pid, ticks, token):
+                    chosen[st.pid] = st
+                # Group/session members, only while the leader is verifiably the one we started.
+                if pg.is_alive(pid, ticks) and pgid:
+                    for st in stats:
+                        if (st.pgrp == int(pgid) or st.session == int(pgid)) and st.start_ticks >= int(ticks) \
+                                and st.state not in ("Z", "X", "x"):
+                            chosen[st.pid] = st
+        return [st for pid, st in sorted(chosen.items()) if pid not in self.me]
+
+    # ------------------------------------------------------------------ files
+    def scan_candidates(self):
+        out = []
+        for d, pats in sorted((self.p["patterns"] or {}).items()):
+            if isinstance(pats, str):
+                pats = [pats]
+            try:
+                it = os.scandir(d)
+            except OSError:
+                continue
+            with it:
+                for e in it:
+                    if not match_patterns(e.name, pats):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    out.append({"path": e.path, "name": e.name, "uid": st.st_uid, "ctime": st.st_ctime,
+                                "mtime": st.st_mtime, "is_dir": stat.S_ISDIR(st.st_mode),
+                                "size": st.st_size if stat.S_ISREG(st.st_mode) else 0})
+        return out
+
+    @staticmethod
+    def holders(paths, exclude):
+        """path -> set of live PIDs (not in exclude) holding it open/mapped (or something beneath it)."""
+        wanted = set(paths)
+        out = {}
+        for st in pg.all_stats():
+            if st.pid in exclude or st.state in ("Z", "X", "x"):
+                continue
+            for t in open_paths(st.pid):
+                for w in wanted:
+                    if t == w or t.startswith(w + "/"):
+                        out.setdefault(w, set()).add(st.pid)
+        return out
+
+    @staticmethod
+    def tree_size(path):
+        total = 0
+        for dirpath, dirnames, filenames in os.walk(path):
+            for n in filenames:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+        return total
+
+    def remove(self, entry):
+        path = entry["path"]
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return 0
+        if stat.S_ISDIR(st.st_mode):
+            size = self.tree_size(path)
+            shutil.rmtree(path)  # rmtree never follows symlinks inside the tree
+            return size
+        os.unlink(path)
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+    # ------------------------------------------------------------------ port
+    def port_holders(self, port, ours):
+        inodes = listening_inodes(port)
+        if not inodes:
+            return []
+        targets = set("socket:[%s]" % i for i in inodes)
+        out = []
+        for st in pg.all_stats():
+            if any(t in targets for t in proc_fd_targets(st.pid)):
+                out.append({"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid),
+                            "ours": st.pid in ours})
+        if not out:
+            out.append({"pid": None, "comm": "", "cmdline": [], "ours": False,
+                        "note": "a listener exists but no visible process holds it (another PID namespace?)"})
+        return out
+
+    def gpu_users(self, exclude):
+        prefix = self.p["gpu_devices"]
+        out = []
+        for st in pg.all_stats():
+            if st.pid in exclude or st.state in ("Z", "X", "x"):
+                continue
+            devs = sorted(set(t for t in proc_fd_targets(st.pid) if t.startswith(prefix)))
+            if devs:
+                out.append({"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid), "devices": devs})
+        return out
+
+    # ------------------------------------------------------------------ run
+    def run(self):
+        check = self.m.check_mode
+        states = self.states()
+        self.found["state"] = {"present": bool(states), "pids": [s.get("pid") for s in states]}
+        procs = self.job_procs(states)
+        self.found["processes"] = [{"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid)}
+                                   for st in procs]
+        ours = set(st.pid for st in procs)
+        held = set()
+        for st in procs:
+            held |= open_paths(st.pid)
+        port = int(self.p["port"] or next((s.get("master_port") for s in states if s.get("master_port")), 0) or 0)
+        holders_before = self.port_holders(port, ours) if port else []
+        self.found["port_holders"] = holders_before
+
+        if procs and not check:
+            outcome = pg.terminate(lambda: self.job_procs(states), grace=float(self.p["stop_timeout"]))
+            self.cleaned["terminated"] = outcome["terminated"]
+            self.cleaned["killed"] = outcome["killed"]
+            if outcome["remaining"]:
+                self.warnings.append("processes of job %s survived SIGKILL: %s" % (self.job, outcome["remaining"]))
+        elif procs:
+            self.cleaned["terminated"] = sorted(ours)
+
+        # Leftover files, decided after the job's processes are gone (check mode: as if they were).
+        job = {"uid": self.job_uid(), "started_at": None, "held": held}
+        t0 = self.started_at(states)
+        job["started_at"] = t0 - float(self.p["started_slack"]) if t0 is not None else None
+        cands = self.scan_candidates()
+        exclude = self.me | ours
+        holder_map = self.holders([c["path"] for c in cands], exclude) if cands else {}
+        live_others = set(st.pid for st in pg.all_stats() if st.pid not in exclude)
+        for c in cands:
+            is_ours, why = attribute(c, job, holder_map, live_others)
+            if not is_ours:
+                self.kept.append({"path": c["path"], "why": why})
+                continue
+            self.found["files"].append(c["path"])
+            if check:
+                self.cleaned["files"].append(c["path"])
+                self.cleaned["bytes"] += c["size"]
+                continue
+            try:
+                self.cleaned["bytes"] += self.remove(c)
+                self.cleaned["files"].append(c["path"])
+            except OSError as e:
+                self.warnings.append("cannot remove %s: %s" % (c["path"], e.strerror or e))
+
+        # The port, after the job is gone.
+        if port:
+            after = holders_before if check else self.port_holders(port, set())
+            if check:
+                after = [h for h in after if not h["ours"]]
+            notes = ["port %d is held by PID %s (%s), not by job %s: left alone"
+                     % (port, h.get("pid"), " ".join(h["cmdline"]) or h["comm"] or h.get("note", ""), self.job)
+                     for h in after]
+            self.warnings.extend(notes)
+            port_info = {"port": port, "free": not after, "holders": after, "report": "; ".join(notes)}
+        else:
+            port_info = {"port": 0, "free": True, "holders": [], "report": ""}
+
+        gpu = self.gpu_users(self.me | ours)
+        changed = bool(self.cleaned["terminated"] or self.cleaned["killed"] or self.cleaned["files"])
+        summary = "%s: processes %d found, %d stopped; leftovers %d found, %d removed (%d bytes), %d kept; " \
+                  "port %s %s; %d other GPU users" % (
+                      self.job, len(procs), len(set(self.cleaned["terminated"]) | set(self.cleaned["killed"])),
+                      len(self.found["files"]), len(self.cleaned["files"]), self.cleaned["bytes"], len(self.kept),
+                      port or "-", "free" if port_info["free"] else "held by PID %s" % ",".join(
+                          str(h.get("pid")) for h in port_info["holders"]), len(gpu))
+        self.m.exit_json(changed=changed, found=self.found, cleaned=self.cleaned, kept=self.kept, gpu_users=gpu,
+                         port=port_info, summary=summary, warnings=self.warnings)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            job=dict(type="str", required=True),
+            state_root=dict(type="path", default="/var/lib/trainyard"),
+            launch_state=dict(type="dict"),
+            port=dict(type="int", default=0),
+            patterns=dict(type="dict", default={
+                "/dev/shm": ["torch_*", "nccl-*", "sem.mp-*", "sem.loky-*", "__KMP_REGISTERED_LIB_*", "psm_*",
+                             "psm2_*"],
+                "/tmp": [".torch_distributed_*", "torchelastic_*", "pymp-*", ".nccl-*"]}),
+            stop_timeout=dict(type="float", default=10.0),
+            started_slack=dict(type="float", default=2.0),
+            gpu_devices=dict(type="str", default="/dev/nvidia"),
+        ),
+        supports_check_mode=True,
+    )
+    Reset(module).run()
+
+
+if __name__ == "__main__":
+    main()
