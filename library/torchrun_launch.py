@@ -259,6 +259,10 @@ last_log_line:
   description: Last non-empty log line.
   returned: state=status
   type: str
+latest_checkpoint:
+  description: Latest complete checkpoint under C(output_root) ("" when none); state=status with output_root.
+  returned: state=status and output_root given
+  type: str
 failure:
   description: torchrun's first observed failure on this node (rank, local_rank, exitcode, signal, pid, time, host, traceback).
   returned: when the log reports one
@@ -380,6 +384,8 @@ class Launch(object):
         failure = tr.root_cause(text)
         if failure is not None:
             failure["node_rank"] = state.get("node_rank")
+            # What the status play orders nodes' failures by (module_utils/torchrun.py failure_sort_key).
+            failure["sort_key"] = [k if k != float("inf") else 1e18 for k in tr.failure_sort_key(failure)]
         status = tr.job_status(alive, exit_info, failure)
         out = {
             "state": status, "pid": state["pid"], "pgid": state["pgid"], "node_rank": state.get("node_rank"),
@@ -425,6 +431,8 @@ class Launch(object):
 
     # ------------------------------------------------------------------ status
     def status(self):
+        if self.p["output_root"]:
+            self.result["latest_checkpoint"] = self.latest_checkpoint() or ""
         state = self.load_state()
         if state is None:
             self.result.update(state="absent", msg="no job %s on this node (%s missing)" % (self.job, self.state_path))
@@ -474,6 +482,9 @@ class Launch(object):
             return value
         if not self.p["output_root"]:
             self.m.fail_json(msg="resume_from=auto needs output_root (cluster_output_root)", **self.result)
+        return self.latest_checkpoint()
+
+    def latest_checkpoint(self):
         if not HAS_CHECKPOINTS:
             self.m.fail_json(msg="resume_from=auto needs module_utils/checkpoints.py (latest_complete_checkpoint), "
                                  "which did not import: %s" % CHECKPOINTS_IMPORT_ERROR, **self.result)

@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+"""Pure helpers of the launch role: the per-node job states the torchrun_launch module reports (state=status)
+folded into one cluster view with the first failing node and rank (tests/unit/test_torchrun_filters.py)."""
+
+from __future__ import annotations
+
+_BIG = 1e18
+
+
+def _key(failure):
+    key = failure.get("sort_key")
+    if isinstance(key, (list, tuple)) and key:
+        return tuple(float(k) for k in key)
+    t = failure.get("time_epoch")
+    return (1.0, float(t) if t is not None else _BIG, float(failure.get("node_rank") or 0), 0.0)
+
+
+def _node_state(res):
+    if not isinstance(res, dict):
+        return "unknown"
+    if res.get("unreachable"):
+        return "unreachable"
+    if res.get("failed") and "state" not in res:
+        return "error"
+    return res.get("state") or "unknown"
+
+
+def first_failure(results):
+    """results: {node: module result}. The failure to name first (with its node added), or None."""
+    fails = []
+    for node, res in results.items():
+        if isinstance(res, dict) and isinstance(res.get("failure"), dict):
+            f = dict(res["failure"])
+            f["node"] = node
+            f.setdefault("node_rank", res.get("node_rank"))
+            f["log"] = res.get("log")
+            f["log_tail"] = res.get("log_tail", "")
+            fails.append(f)
+    if not fails:
+        # A job that died without a torchrun report (the agent itself killed): still name the node.
+        for node, res in sorted(results.items(), key=lambda kv: (kv[1] or {}).get("node_rank") or 0):
+            if _node_state(res) == "failed":
+                return {"node": node, "node_rank": res.get("node_rank"), "rank": None, "local_rank": None,
+                        "exitcode": (res.get("exit") or {}).get("returncode"), "signal": None,
+                        "log": res.get("log"), "log_tail": res.get("log_tail", ""),
+                        "traceback": "no torchrun failure report in the log (the agent itself died?)"}
+        return None
+    return min(fails, key=_key)
+
+
+def describe_failure(f):
+    if not f:
+        return ""
+    what = "exit code %s" % f.get("exitcode")
+    if f.get("signal"):
+        what += " (%s)" % f["signal"]
+    rank = "rank %s (local rank %s)" % (f.get("rank"), f.get("local_rank")) if f.get("rank") is not None \
+        else "its torchrun agent"
+    text = "first failure: node %s (node rank %s), %s, %s%s" % (
+        f.get("node"), f.get("node_rank"), rank, what, " at %s" % f["time"] if f.get("time") else "")
+    tb = (f.get("traceback") or "").strip().splitlines()
+    if tb:
+        text += "\n  cause: %s" % tb[-1][:300]
+    text += "\n  log %s:%s" % (f.get("log"), f.get("node"))
+    tail = (f.get("log_tail") or "").strip()
+    if tail:
+        text += "\n" + "\n".join("  | " + line for line in tail.splitlines())
+    return text
+
+
+def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
+    """Fold every node's status into {state, nodes, first_failure, failure_text, lines}.
+
+    state: running (all running), finished (all finished), failed (any failed), partial (a mix without
+    failures, e.g. some nodes never launched), unreachable (a node did not answer), absent (no job)."""
+    reachable = set(reachable if reachable is not None else hosts)
+    results, nodes = {}, []
+    for host in hosts:
+        res = (hostvars.get(host) or {}).get(var) if host in reachable else {"unreachable": True}
+        if res is None:
+            res = {"unreachable": True}
+        results[host] = res
+        nodes.append({"node": host, "node_rank": res.get("node_rank"), "state": _node_state(res),
+                      "pid": res.get("pid"), "last_log_line": (res.get("last_log_line") or "")[-200:],
+                      "log": res.get("log"), "workers": res.get("workers")})
+    states = {n["state"] for n in nodes}
+    if "failed" in states:
+        overall = "failed"
+    elif "unreachable" in states or "error" in states:
+        overall = "unreachable"
+    elif states == {"running"}:
+        overall = "running"
+    elif states == {"finished"}:
+        overall = "finished"
+    elif states == {"absent"}:
+        overall = "absent"
+    else:
+        overall = "partial"
+    ff = first_failure({h: r for h, r in results.items() if _node_state(r) == "failed"})
+    lines = ["%-24s rank %-4s %-11s %s" % (n["node"], n["node_rank"] if n["node_rank"] is not None else "-",
+                                            n["state"], n["last_log_line"]) for n in nodes]
+    text = describe_failure(ff)
+    if text:
+        lines.append(text)
+    return {"state": overall, "nodes": nodes, "first_failure": ff, "failure_text": text, "lines": lines}
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"launch_status_summary": status_summary, "launch_first_failure": first_failure}

@@ -1,0 +1,218 @@
+"""module_utils/procgroup.py and the launcher: /proc parsing, job selection, safe signalling, on real
+processes this test starts itself (never anything found by name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+import procgroup as pg
+import torchrun as tr
+
+
+def wait_for(pred, timeout=10.0, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def reap(p):
+    try:
+        p.kill()
+    except OSError:
+        pass
+    try:
+        p.wait(timeout=5)
+    except Exception:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+def test_parse_stat_with_parentheses_and_spaces_in_the_name():
+    fields = " ".join(str(i) for i in range(7, 60))  # fields 7 onwards carry their number
+    st = pg.parse_stat("123 (a) b (c)) S 1 77 88 %s" % fields)
+    assert st.pid == 123 and st.comm == "a) b (c)" and st.state == "S"
+    assert (st.ppid, st.pgrp, st.session) == (1, 77, 88)
+    assert st.start_ticks == 22  # field 22
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "12 (x) S 1 2", "x (y) S 1 2 3 " + "0 " * 30])
+def test_parse_stat_refuses_malformed(text):
+    assert pg.parse_stat(text) is None
+
+
+def test_read_stat_of_self():
+    st = pg.read_stat(os.getpid())
+    assert st.pid == os.getpid() and st.pgrp == os.getpgrp() and st.start_ticks > 0
+    assert pg.read_stat(2 ** 22 + 12345) is None
+
+
+def test_parse_environ():
+    assert pg.parse_environ(b"A=1\0B=x=y\0junk\0\0") == {"A": "1", "B": "x=y"}
+
+
+# ------------------------------------------------------------------------------------------------ selection
+
+def S(pid, ppid, pgrp, sess, ticks, state="S"):
+    return pg.ProcStat(pid, "p%d" % pid, state, ppid, pgrp, sess, ticks)
+
+
+def test_select_job_leader_descendants_and_token():
+    stats = [S(10, 1, 10, 10, 500), S(11, 10, 10, 10, 501), S(12, 11, 12, 12, 502),   # leader, agent, worker
+             S(20, 1, 20, 20, 600),                                                 # orphaned worker with token
+             S(30, 1, 30, 30, 700),                                                 # a stranger
+             S(40, 1, 40, 40, 100),                                                 # older than the leader
+             S(13, 11, 13, 13, 503, state="Z")]                                     # zombie child
+    env = {20: {pg.TOKEN_ENV: "tok"}, 40: {pg.TOKEN_ENV: "tok"}, 30: {pg.TOKEN_ENV: "other"}}
+    got = [s.pid for s in pg.select_job(stats, 10, 500, "tok", env.get)]
+    assert got == [10, 11, 12, 20]
+
+
+def test_select_job_reused_leader_pid_is_not_ours():
+    stats = [S(10, 1, 10, 10, 999), S(11, 10, 10, 10, 1000)]
+    assert pg.select_job(stats, 10, 500, None, lambda p: None) == []
+    # ... but a token-carrying orphan of the real job is still found.
+    stats.append(S(12, 1, 12, 12, 600))
+    env = {12: {pg.TOKEN_ENV: "tok"}}
+    assert [s.pid for s in pg.select_job(stats, 10, 500, "tok", env.get)] == [12]
+
+
+def test_descendants():
+    stats = [S(1, 0, 1, 1, 1), S(2, 1, 2, 2, 2), S(3, 2, 3, 3, 3), S(4, 1, 4, 4, 4)]
+    assert sorted(pg.descendants(2, stats)) == [3]
+    assert sorted(pg.descendants(1, stats)) == [2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------ real processes
+
+def test_signal_process_refuses_a_pid_with_another_start_time():
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks = pg.start_ticks(p.pid)
+        assert not pg.signal_process(p.pid, ticks + 1, signal.SIGTERM)
+        assert p.poll() is None
+        assert pg.signal_process(p.pid, ticks, signal.SIGTERM)
+        assert p.wait(timeout=5) == -signal.SIGTERM
+        assert not pg.signal_process(p.pid, ticks, signal.SIGTERM)  # gone now
+    finally:
+        reap(p)
+
+
+def test_signal_group_needs_the_verified_leader():
+    p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        ticks = pg.start_ticks(p.pid)
+        assert not pg.signal_group(p.pid, ticks + 5, signal.SIGTERM)
+        assert pg.signal_group(p.pid, ticks, signal.SIGTERM)
+        assert p.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        reap(p)
+
+
+def test_terminate_finds_session_escapees_by_token_and_spares_a_decoy(tmp_path):
+    token = uuid.uuid4().hex
+    env = dict(os.environ, **{pg.TOKEN_ENV: token})
+    # The leader starts a child in a session of its own (like torchrun's workers) and ignores SIGTERM.
+    script = ("import os, signal, subprocess, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+              "time.sleep(300)\n")
+    leader = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    decoy_bin = tmp_path / "torchrun"
+    decoy_bin.symlink_to("/bin/sleep")
+    decoy = subprocess.Popen([str(decoy_bin), "300"], start_new_session=True)
+    try:
+        ticks = pg.start_ticks(leader.pid)
+        procs = wait_for(lambda: len(pg.job_processes(leader.pid, ticks, token)) == 2 and
+                         pg.job_processes(leader.pid, ticks, token))
+        assert procs and len(procs) == 2
+        child = [s for s in procs if s.pid != leader.pid][0]
+        assert child.session != leader.pid  # escaped the leader's session
+        out = pg.terminate(lambda: pg.job_processes(leader.pid, ticks, token), grace=1.0)
+        assert leader.pid in out["killed"]  # ignored SIGTERM
+        assert child.pid in out["terminated"]
+        assert out["remaining"] == []
+        assert decoy.poll() is None and pg.is_alive(decoy.pid, None)
+    finally:
+        for p in (leader, decoy):
+            reap(p)
+
+
+def test_start_detached_runs_in_its_own_session(tmp_path):
+    logf = tmp_path / "out.log"
+    pid, ticks = pg.start_detached([sys.executable, "-c", "import os; print(os.getsid(0)); import time; "
+                                    "time.sleep(30)"], log_path=str(logf))
+    try:
+        assert pg.is_alive(pid, ticks)
+        st = pg.read_stat(pid)
+        assert st.session == pid and st.pgrp == pid
+        assert wait_for(lambda: logf.read_text().strip()) == str(pid)
+    finally:
+        pg.signal_process(pid, ticks, signal.SIGKILL)
+        wait_for(lambda: not pg.is_alive(pid, ticks))
+
+
+# ------------------------------------------------------------------------------------------------ the launcher
+
+def run_launcher(tmp_path, argv, env=None, env_files=(), token=None, chdir=""):
+    launcher = tmp_path / tr.LAUNCHER_FILE
+    launcher.write_text(tr.LAUNCHER_SOURCE)
+    token = token or uuid.uuid4().hex
+    spec = {"name": "job", "argv": argv, "env": env or {}, "env_files": list(env_files), "log": str(tmp_path / "j.log"),
+            "chdir": chdir, "token": token, "pid_file": str(tmp_path / "pid.json"),
+            "exit_file": str(tmp_path / "exit.json"), "resume_from": "", "leftover_grace": 1}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    pid, ticks = pg.start_detached([sys.executable, str(launcher), str(tmp_path / "spec.json")])
+    return pid, ticks, token
+
+
+def test_launcher_records_pid_env_and_exit_code(tmp_path):
+    envf = tmp_path / "nccl.env"
+    envf.write_text("export FROM_FILE=1\nBOTH=file\n")
+    pid, ticks, token = run_launcher(
+        tmp_path, [sys.executable, "-c", "import os,sys; print(os.environ['FROM_FILE'], os.environ['BOTH'], "
+                   "os.environ['TRAINYARD_LAUNCH_ID'], os.getcwd()); sys.exit(3)"],
+        env={"BOTH": "extra"}, env_files=[str(envf)], chdir=str(tmp_path))
+    ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
+    info = json.loads((tmp_path / "pid.json").read_text())
+    assert info["pid"] == pid and info["pgid"] == pid and info["sid"] == pid and info["start_ticks"] == ticks
+    assert ex["returncode"] == 3 and ex["token"] == token and not ex["exec_failed"]
+    text = (tmp_path / "j.log").read_text()
+    assert "1 extra %s %s" % (token, tmp_path) in text
+    assert "exited with code 3" in text
+
+
+def test_launcher_reports_a_missing_program(tmp_path):
+    run_launcher(tmp_path, ["/nonexistent/torchrun", "x"])
+    ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
+    assert ex["returncode"] == 127 and ex["exec_failed"]
+    assert "cannot run /nonexistent/torchrun" in (tmp_path / "j.log").read_text()
+
+
+def test_launcher_ends_workers_its_agent_left_behind(tmp_path):
+    # The "agent" starts a worker in its own session and exits at once: the launcher must end the orphan.
+    script = ("import subprocess; subprocess.Popen(['sleep', '300'], start_new_session=True)")
+    pid, ticks, token = run_launcher(tmp_path, [sys.executable, "-c", script])
+    assert wait_for(lambda: (tmp_path / "exit.json").exists(), timeout=10)
+    assert wait_for(lambda: not pg.job_processes(pid, ticks, token), timeout=10)
+
+
+def test_launcher_forwards_sigterm(tmp_path):
+    pid, ticks, token = run_launcher(tmp_path, ["sleep", "300"])
+    info = wait_for(lambda: (tmp_path / "pid.json").exists() and json.loads((tmp_path / "pid.json").read_text()))
+    assert pg.signal_process(pid, ticks, signal.SIGTERM)
+    ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
+    assert ex["stopped"] and ex["returncode"] == -signal.SIGTERM
+    assert not pg.is_alive(info["child_pid"], info["child_start_ticks"])
