@@ -64,10 +64,50 @@ def dict_diff_paths(base, other, prefix=""):
     return paths
 
 
+GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+               "stage3_gather_fp16_weights_on_model_save")
+GATHER_VAR = "deepspeed_config_gather_16bit_weights_on_model_save"
+
+
+def _truthy(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def ds_lora_gather(config, overrides=None, finetuning_type="lora"):
+    """Whether a LoRA job's ZeRO-3 config gathers the 16-bit weights on save (else the saved adapter is empty).
+
+    Returns {status: pass|fail|skip, detail, variable}: variable names what turned it off (the user's override
+    path, or deepspeed_config_gather_16bit_weights_on_model_save).
+    """
+    zero = (config or {}).get("zero_optimization") or {}
+    if str(finetuning_type).lower() != "lora":
+        return {"status": "skip", "variable": "", "detail": f"fine-tuning type {finetuning_type}: not a LoRA job"}
+    try:
+        stage = int(zero.get("stage", 0))
+    except (TypeError, ValueError):
+        stage = zero.get("stage")
+    if stage != 3:
+        return {"status": "skip", "variable": "",
+                "detail": f"ZeRO stage {stage}: parameters are not partitioned, nothing to gather on save"}
+    over = ((overrides or {}).get("zero_optimization") or {})
+    off = [k for k in GATHER_KEYS if k in zero and not _truthy(zero[k])]
+    if off or not any(_truthy(zero.get(k)) for k in GATHER_KEYS):
+        key = off[0] if off else GATHER_KEYS[0]
+        variable = f"deepspeed_config_overrides.zero_optimization.{key}" if key in over else GATHER_VAR
+        return {"status": "fail", "variable": variable,
+                "detail": f"LoRA under ZeRO-3 with zero_optimization.{key} = false (set by {variable}): "
+                          f"the saved adapter would be empty"}
+    return {"status": "pass", "variable": "",
+            "detail": "LoRA under ZeRO-3: zero_optimization.stage3_gather_16bit_weights_on_model_save is true"}
+
+
 class FilterModule:
     def filters(self):
         return {
             "trainyard_env_consistency": env_consistency,
             "trainyard_argv": argv,
             "trainyard_dict_diff_paths": dict_diff_paths,
+            "trainyard_ds_lora_gather": ds_lora_gather,
         }

@@ -1,0 +1,275 @@
+# -*- coding: utf-8 -*-
+"""Validate a DeepSpeed configuration on the controller with DeepSpeed's own configuration classes."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: deepspeed_validate
+short_description: Validate a ds_config.json dict with DeepSpeed's own configuration classes, on the controller
+description:
+  - Builds C(deepspeed.runtime.config.DeepSpeedConfig) from the dict in a separate Python process on the
+    controller (the nodes need nothing), so a mistyped or mistyped-type key inside a section (C(zero_optimization),
+    C(bf16), C(offload_optimizer), ...) fails with DeepSpeed's (pydantic's) own message.
+  - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
+    C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
+  - C("auto") is accepted only where the Hugging Face Trainer fills the value (batch sizes, gradient clipping,
+    optimizer and scheduler parameters, fp16/bf16, the three hidden-size-based ZeRO-3 sizes); for validation those
+    are replaced by typed stand-ins.
+  - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
+    seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+options:
+  config:
+    description: The DeepSpeed configuration.
+    type: dict
+    required: true
+  allow_unknown_keys:
+    description: Top-level keys to accept although DeepSpeedConfig does not read them (another consumer reads them).
+    type: list
+    elements: str
+    default: []
+  python:
+    description: Python interpreter on the controller that has deepspeed (default, the one running Ansible).
+    type: str
+  cache_dir:
+    description: Where results are cached; empty disables the cache.
+    type: str
+    default: ~/.cache/trainyard/deepspeed-validate
+  timeout:
+    description: Seconds the validation process may take.
+    type: int
+    default: 180
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Validate the DeepSpeed config with DeepSpeed's own classes
+  deepspeed_validate:
+    config: "{{ _deepspeed_config }}"
+  register: __deepspeed_config_validated
+  run_once: true
+"""
+
+RETURN = r"""
+ok:
+  description: Whether DeepSpeed accepted the configuration.
+  returned: always
+  type: bool
+errors:
+  description: DeepSpeed's messages (and unknown top-level keys with the nearest valid one).
+  returned: always
+  type: list
+  elements: str
+deepspeed_version:
+  description: The DeepSpeed version that validated it.
+  returned: when DeepSpeed could be imported
+  type: str
+cached:
+  description: Whether the result came from the cache.
+  returned: always
+  type: bool
+"""
+
+import copy
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+# Where the Hugging Face Trainer replaces "auto" (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig),
+# and the typed stand-in used to validate the rest of the config.
+HF_AUTO = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "train_batch_size": None,  # = micro x accumulation x world size; computed by DeepSpeed when absent
+    "gradient_clipping": 1.0,
+    "optimizer.params.lr": 1e-4,
+    "optimizer.params.betas": [0.9, 0.999],
+    "optimizer.params.eps": 1e-8,
+    "optimizer.params.weight_decay": 0.0,
+    "scheduler.params.warmup_min_lr": 0.0,
+    "scheduler.params.warmup_max_lr": 1e-4,
+    "scheduler.params.warmup_num_steps": 0,
+    "scheduler.params.total_num_steps": 1000,
+    "fp16.enabled": False,
+    "bf16.enabled": True,
+    "amp.enabled": False,
+    "amp.opt_level": "O1",
+    "zero_optimization.reduce_bucket_size": 16777216,
+    "zero_optimization.stage3_prefetch_bucket_size": 15099494,
+    "zero_optimization.stage3_param_persistence_threshold": 40960,
+}
+
+
+def auto_paths(config, prefix=""):
+    """Dotted paths of every "auto" value in a nested dict."""
+    paths = []
+    if isinstance(config, dict):
+        for key, value in config.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, str) and value == "auto":
+                paths.append(path)
+            else:
+                paths += auto_paths(value, path)
+    return paths
+
+
+def fill_auto(config):
+    """(config with "auto" replaced by typed stand-ins, [errors for "auto" where the HF Trainer fills nothing])."""
+    filled = copy.deepcopy(config)
+    errors = []
+    for path in auto_paths(config):
+        if path not in HF_AUTO:
+            errors.append(f"{path}: \"auto\" is only filled by the Hugging Face Trainer for "
+                          f"{', '.join(sorted(HF_AUTO))}; give a value")
+            continue
+        *parents, leaf = path.split(".")
+        node = filled
+        for p in parents:
+            node = node[p]
+        if HF_AUTO[path] is None:
+            del node[leaf]
+        else:
+            node[leaf] = HF_AUTO[path]
+    return filled, errors
+
+
+def _validate_in_process(config, allow_unknown_keys):
+    """Run DeepSpeedConfig on `config` (already without "auto"); returns {ok, errors, deepspeed_version}."""
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    import logging
+
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    seen = set()
+
+    class Recorder(dict):
+        """The top-level dict; remembers which keys DeepSpeedConfig looks up."""
+
+        def __getitem__(self, key):
+            seen.add(key)
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            seen.add(key)
+            return super().get(key, default)
+
+        def __contains__(self, key):
+            seen.add(key)
+            return super().__contains__(key)
+
+    errors = []
+    try:
+        DeepSpeedConfig(Recorder(config))
+    except Exception as exc:  # DeepSpeed raises pydantic ValidationError, AssertionError, ValueError, ...
+        errors.append(f"DeepSpeed {deepspeed.__version__} rejects the config: {type(exc).__name__}: {exc}")
+    else:
+        for key in config:
+            if key not in seen and key not in allow_unknown_keys:
+                near = difflib.get_close_matches(key, sorted(seen), n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]}?" if near else ""
+                errors.append(f"{key}: DeepSpeed {deepspeed.__version__} does not read this top-level key{hint}")
+    return {"ok": not errors, "errors": errors, "deepspeed_version": deepspeed.__version__}
+
+
+def _child_main():
+    """`python deepspeed_validate.py` reads {config, allow_unknown_keys} on stdin and prints the result as JSON."""
+    request = json.load(sys.stdin)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # DeepSpeed prints while importing; keep stdout for the result
+    try:
+        result = _validate_in_process(request["config"], set(request.get("allow_unknown_keys") or []))
+    except ImportError as exc:
+        result = {"ok": False, "errors": [f"cannot import deepspeed on the controller ({exc}): install "
+                                          f"requirements-ml.txt into the controller venv (make venv), or set "
+                                          f"deepspeed_config_validate: false"]}
+    real_stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+def _deepspeed_version(python):
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('deepspeed'))"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        return out.stdout.strip() or "none"
+    except (OSError, subprocess.SubprocessError):
+        return "none"
+
+
+def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=180):
+    """Controller side: "auto" checks here, DeepSpeed in a child process, results cached by hash."""
+    python = python or sys.executable
+    filled, errors = fill_auto(config)
+    if errors:
+        return {"ok": False, "errors": errors, "cached": False}
+    version = _deepspeed_version(python)
+    with open(os.path.abspath(__file__), "rb") as fh:
+        me = hashlib.sha256(fh.read()).hexdigest()
+    key = hashlib.sha256(json.dumps([filled, sorted(allow_unknown_keys), version, me], sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    path = os.path.join(os.path.expanduser(cache_dir), f"{key}.json") if cache_dir else ""
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            result = json.load(fh)
+        result["cached"] = True
+        return result
+    env = dict(os.environ)
+    if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
+        env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
+    env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    try:
+        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps(
+            {"config": filled, "allow_unknown_keys": list(allow_unknown_keys)}), capture_output=True, text=True,
+            timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "errors": [f"DeepSpeed validation took over {timeout}s on the controller"],
+                "cached": False}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+        return {"ok": False, "errors": [f"DeepSpeed validation did not run (rc {proc.returncode}): {tail}"],
+                "cached": False}
+    result = json.loads(lines[-1])
+    if path and "deepspeed_version" in result:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, path)
+    result["cached"] = False
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
+
+from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
+from ansible.plugins.action import ActionBase  # noqa: E402
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        config = args.get("config")
+        if not isinstance(config, dict):
+            raise AnsibleActionFail(f"deepspeed_validate: 'config' must be a dict, not {type(config).__name__}")
+        allow = args.get("allow_unknown_keys") or []
+        if isinstance(allow, str):
+            allow = [allow]
+        outcome = validate(config, allow, python=args.get("python"),
+                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
+                           timeout=int(args.get("timeout", 180)))
+        result.update(changed=False, **outcome)
+        return result
