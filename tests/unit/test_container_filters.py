@@ -29,6 +29,17 @@ def test_image_repository(ref, repo):
     assert cf.image_repository(ref) == repo
 
 
+@pytest.mark.parametrize("ref,registry", [
+    ("172.28.0.1:5055/trainyard/train:sim", "172.28.0.1:5055"),
+    ("nvcr.io/nvidia/pytorch:24.10-py3", "nvcr.io"),
+    ("localhost/train", "localhost"),
+    ("team/train:1", "docker.io"),
+    ("ubuntu:24.04", "docker.io"),
+])
+def test_image_registry(ref, registry):
+    assert cf.image_registry(ref) == registry
+
+
 @pytest.mark.parametrize("value,expected", [
     ("16g", 16 * 2 ** 30), ("512m", 512 * 2 ** 20), ("1GiB", 2 ** 30), ("2GB", 2 * 2 ** 30),
     ("100", 100), (4096, 4096), ("1.5g", int(1.5 * 2 ** 30)), (" 64M ", 64 * 2 ** 20),

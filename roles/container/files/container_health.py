@@ -142,7 +142,7 @@ def main(argv):
     }
     logger = params.get("logger_module")
     out["logger"] = check_import(logger)[1] if logger else {"status": "skip", "detail": "no logger configured"}
-    out["torch"] = check_torch(bool(params.get("gpus")))
+    out["torch"] = check_torch(str(params.get("gpus")).lower() in ("true", "1", "yes"))
     print(json.dumps(out, sort_keys=True))
     return 0
 

@@ -52,6 +52,15 @@ def image_repository(ref: str) -> str:
     return ref
 
 
+def image_registry(ref: str) -> str:
+    """Registry host of an image reference, by docker's rule: the first path component when it has a '.' or a
+    ':' or is 'localhost'; otherwise Docker Hub ('docker.io')."""
+    first, sep, _rest = image_repository(ref).partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
 def image_pinned_digest(ref: str) -> str:
     """'repo@sha256:...' -> 'sha256:...'; '' when the reference is not pinned by digest."""
     return ref.split("@", 1)[1] if "@" in (ref or "") else ""
@@ -269,6 +278,7 @@ class FilterModule:
             "container_size_bytes": size_bytes,
             "container_human_bytes": human_bytes,
             "container_image_repository": image_repository,
+            "container_image_registry": image_registry,
             "container_image_identity": image_identity,
             "container_digest_verdict": digest_verdict,
             "container_mount_target": mount_target,
