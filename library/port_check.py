@@ -1,0 +1,386 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""The rendezvous port: who holds it on the head, a short-lived probe listener, and TCP reach from workers."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: port_check
+short_description: Rendezvous port ownership on the head, a probe listener, and TCP reach from the workers
+description:
+  - C(mode=inspect) (head) finds the sockets bound to I(port) in C(/proc/net/tcp) and C(/proc/net/tcp6) and
+    maps their inodes to processes through C(/proc/*/fd); never by process name. A holder belongs to this
+    tool's job when it is in the job recorded in the launch state file I(state_file) (leader PID with a
+    matching start time, its process group, its descendants, the sidecars).
+  - C(mode=listen) (head) starts a detached listener on I(address):I(port) for the workers' probe when the
+    port is free. It exits by itself after I(listen_seconds) or after I(expect) connections, so it is gone
+    even when the play stops half-way; C(mode=stop) ends it earlier (PID and start time checked).
+  - C(mode=connect) (worker) opens one TCP connection with a I(timeout) and tells a timeout (packets dropped,
+    e.g. a firewall DROP rule) from a refusal, an ICMP unreachable and a local blackhole/prohibit route.
+  - C(mode=free) (reset) ends the holder only when it belongs to this tool's job; otherwise it reports the
+    holder and leaves it alone.
+options:
+  mode:
+    description: What to do.
+    type: str
+    choices: [inspect, listen, stop, connect, free]
+    required: true
+  port:
+    description: The rendezvous port.
+    type: int
+    required: true
+  address:
+    description: Address to listen on (listen) or connect to (connect).
+    type: str
+    default: ""
+  state_file:
+    description: The launch state file (launch.json) of this tool's job on this node.
+    type: path
+    default: ""
+  timeout:
+    description: Seconds a connect may take before it counts as dropped.
+    type: float
+    default: 3.0
+  listen_seconds:
+    description: Most seconds the probe listener lives.
+    type: int
+    default: 60
+  expect:
+    description: The listener exits after this many connections (0 waits for listen_seconds).
+    type: int
+    default: 0
+  pid:
+    description: Listener PID to stop (mode stop).
+    type: int
+    default: 0
+  start_ticks:
+    description: Start time (field 22 of /proc/PID/stat) of the listener to stop.
+    type: int
+    default: 0
+  grace:
+    description: Seconds between SIGTERM and SIGKILL (stop, free).
+    type: float
+    default: 5.0
+attributes:
+  check_mode:
+    support: full
+    details: listen, stop and free change nothing in check mode (the listener is a read-only probe otherwise).
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Who holds the rendezvous port
+  port_check:
+    mode: inspect
+    port: 39500
+    state_file: /var/lib/trainyard/train/launch.json
+
+- name: Connect from a worker
+  port_check:
+    mode: connect
+    address: 10.0.0.11
+    port: 39500
+    timeout: 3
+"""
+
+RETURN = r"""
+holders:
+  description: Sockets holding the port, C({pid, command, local, state, inode}) (inspect, free).
+  returned: inspect, free
+  type: list
+verdict:
+  description: C({state, ok, detail, fix}), state free, ours or other (inspect, free).
+  returned: inspect, free
+  type: dict
+listener:
+  description: C({listening, pid, start_ticks, address, port, reason}) (listen).
+  returned: listen
+  type: dict
+outcome:
+  description: ok, timeout, refused, unreachable, blocked or error (connect).
+  returned: connect
+  type: str
+seconds:
+  description: How long the connect took (connect).
+  returned: connect
+  type: float
+message:
+  description: The socket error text (connect).
+  returned: connect
+  type: str
+stopped:
+  description: PIDs ended (stop, free).
+  returned: stop, free
+  type: list
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.netcheck import (classify_connect_error, job_pids, parse_proc_net_tcp, port_verdict,
+                                           socket_inode)
+
+
+def read(path, mode="r"):
+    try:
+        with open(path, mode) as fh:
+            return fh.read()
+    except (IOError, OSError):
+        return None
+
+
+def proc_stat(pid):
+    text = read("/proc/%d/stat" % pid)
+    if not text or ")" not in text:
+        return None
+    rest = text[text.rfind(")") + 2:].split()
+    try:
+        return {"state": rest[0], "ppid": int(rest[1]), "pgrp": int(rest[2]), "session": int(rest[3]),
+                "start_ticks": int(rest[19])}
+    except (IndexError, ValueError):
+        return None
+
+
+def pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def command_of(pid):
+    raw = read("/proc/%d/cmdline" % pid, "rb")
+    if raw:
+        return " ".join(x.decode("utf-8", "replace") for x in raw.split(b"\0") if x)
+    comm = read("/proc/%d/comm" % pid)
+    return "[%s]" % comm.strip() if comm else ""
+
+
+def holders_of(port):
+    sockets = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        sockets.extend(parse_proc_net_tcp(read(name) or "", port))
+    if not sockets:
+        return []
+    want = dict((s["inode"], s) for s in sockets)
+    found = {}
+    for pid in pids():
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                inode = socket_inode(os.readlink(os.path.join(fd_dir, fd)))
+            except OSError:
+                continue
+            if inode in want and inode not in found:
+                found[inode] = pid
+    out = []
+    for inode, s in sorted(want.items()):
+        pid = found.get(inode)
+        out.append({"pid": pid, "command": command_of(pid) if pid else "no process visible (another namespace?)",
+                    "local": "%s:%d" % (s["local"], s["port"]), "state": s["state"], "inode": inode})
+    return out
+
+
+def load_state(path):
+    if not path:
+        return None
+    text = read(path)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def inspect(port, state_file):
+    holders = holders_of(port)
+    state = load_state(state_file)
+    ours = set()
+    if holders and state:
+        stats = dict((p, s) for p, s in ((p, proc_stat(p)) for p in pids()) if s)
+        ours = job_pids(state, stats)
+    return holders, port_verdict(port, holders, ours), ours
+
+
+def terminate(pid, ticks, grace):
+    """SIGTERM, then SIGKILL after ``grace`` s, to ``pid`` only while its start time is still ``ticks``."""
+    st = proc_stat(pid)
+    if st is None or st["start_ticks"] != ticks:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return False
+    deadline = time.time() + grace
+    while time.time() < deadline:
+        st = proc_stat(pid)
+        if st is None or st["start_ticks"] != ticks or st["state"] == "Z":
+            return True
+        time.sleep(0.05)
+    st = proc_stat(pid)
+    if st is not None and st["start_ticks"] == ticks:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return True
+
+
+def serve(sock, seconds, expect):
+    deadline = time.time() + seconds
+    seen = 0
+    while time.time() < deadline and (expect <= 0 or seen < expect):
+        ready, _, _ = select.select([sock], [], [], max(0.0, min(1.0, deadline - time.time())))
+        if ready:
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+                seen += 1
+            except (OSError, socket.error):
+                pass
+    sock.close()
+
+
+def start_listener(address, port, seconds, expect):
+    """Bind in a detached grandchild (own session, stdio on /dev/null) and report back through a pipe."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.close(rfd)
+            os.setsid()
+            if os.fork() > 0:
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            for fd in range(3, 1024):
+                if fd not in (wfd,):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(256)
+            os.write(wfd, ("ok %d" % os.getpid()).encode())
+            os.close(wfd)
+            serve(sock, seconds, expect)
+        except Exception as exc:  # report any failure to the parent, never raise in a forked child
+            try:
+                os.write(wfd, ("err %s" % exc).encode())
+            except OSError:
+                pass
+        os._exit(0)
+    os.close(wfd)
+    os.waitpid(child, 0)
+    chunks = []
+    while True:
+        data = os.read(rfd, 4096)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(rfd)
+    msg = b"".join(chunks).decode("utf-8", "replace")
+    if msg.startswith("ok "):
+        pid = int(msg.split()[1])
+        st = proc_stat(pid) or {}
+        return {"listening": True, "pid": pid, "start_ticks": st.get("start_ticks", 0), "address": address,
+                "port": port, "reason": "probe listener for %d s" % seconds}
+    return {"listening": False, "pid": 0, "start_ticks": 0, "address": address, "port": port,
+            "reason": "cannot listen on %s:%d: %s" % (address, port, msg[4:] if msg else "listener died")}
+
+
+def connect(address, port, timeout):
+    t0 = time.time()
+    err = None
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+        sock.close()
+    except socket.timeout:
+        err = "timeout"
+    except (OSError, socket.error) as exc:
+        err = exc
+    took = round(time.time() - t0, 3)
+    outcome = classify_connect_error(err)
+    message = "" if err is None else ("no answer within %.1f s" % timeout if err == "timeout" else str(err))
+    return outcome, took, message
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            mode=dict(type="str", required=True, choices=["inspect", "listen", "stop", "connect", "free"]),
+            port=dict(type="int", required=True),
+            address=dict(type="str", default=""),
+            state_file=dict(type="path", default=""),
+            timeout=dict(type="float", default=3.0),
+            listen_seconds=dict(type="int", default=60),
+            expect=dict(type="int", default=0),
+            pid=dict(type="int", default=0),
+            start_ticks=dict(type="int", default=0),
+            grace=dict(type="float", default=5.0),
+        ),
+        required_if=[("mode", "listen", ["address"]), ("mode", "connect", ["address"]),
+                     ("mode", "stop", ["pid", "start_ticks"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not 1 <= p["port"] <= 65535:
+        module.fail_json(msg="port %d is not a TCP port (1-65535)" % p["port"])
+    mode = p["mode"]
+    if mode == "inspect":
+        holders, verdict, ours = inspect(p["port"], p["state_file"])
+        module.exit_json(changed=False, holders=holders, verdict=verdict, ours=sorted(ours))
+    if mode == "connect":
+        outcome, took, message = connect(p["address"], p["port"], p["timeout"])
+        module.exit_json(changed=False, outcome=outcome, seconds=took, message=message)
+    if mode == "listen":
+        holders, verdict, _ = inspect(p["port"], "")
+        if holders:
+            module.exit_json(changed=False, listener={"listening": False, "pid": 0, "start_ticks": 0,
+                                                      "address": p["address"], "port": p["port"],
+                                                      "reason": "something already listens: %s" % verdict["detail"]})
+        if module.check_mode:
+            module.exit_json(changed=False, listener={"listening": False, "pid": 0, "start_ticks": 0,
+                                                      "address": p["address"], "port": p["port"],
+                                                      "reason": "check mode"})
+        # A probe listener is transient (it ends itself): not a change to the node.
+        module.exit_json(changed=False, listener=start_listener(p["address"], p["port"], p["listen_seconds"],
+                                                                p["expect"]))
+    if mode == "stop":
+        if module.check_mode:
+            module.exit_json(changed=False, stopped=[])
+        ended = terminate(p["pid"], p["start_ticks"], p["grace"])
+        module.exit_json(changed=False, stopped=[p["pid"]] if ended else [])
+    # free
+    holders, verdict, ours = inspect(p["port"], p["state_file"])
+    stopped = []
+    if verdict["state"] == "ours" and not module.check_mode:
+        for h in holders:
+            st = proc_stat(h["pid"]) if h.get("pid") else None
+            if st and h["pid"] in ours and terminate(h["pid"], st["start_ticks"], p["grace"]):
+                stopped.append(h["pid"])
+        holders, verdict, ours = inspect(p["port"], p["state_file"])
+    module.exit_json(changed=bool(stopped), holders=holders, verdict=verdict, stopped=stopped)
+
+
+if __name__ == "__main__":
+    main()

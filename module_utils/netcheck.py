@@ -1,0 +1,594 @@
+# -*- coding: utf-8 -*-
+"""Pure functions of the network role: data NIC selection, MTU verdicts, path-MTU diagnosis, rendezvous
+port ownership and TCP error classification (stdlib only, Python 2.7/3.x compatible, no I/O).
+
+Used by the modules ``net_facts``, ``path_mtu_check`` and ``port_check`` (on the nodes) and by the role's
+filters (on the controller). Everything here takes parsed data and returns data, so it is unit-tested
+without a network.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import errno
+import fnmatch
+import re
+
+# Interfaces NCCL/gloo must never be given: loopback, container/VM bridges and their veth ends, overlay
+# networks of container orchestrators. Matched on the name (in a container every NIC is a veth by kind).
+EXCLUDED_EXACT = ("lo",)
+EXCLUDED_PREFIXES = ("docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "cilium", "weave", "kube-",
+                     "podman", "lxcbr", "lxdbr", "vxlan", "tunl", "genev", "nodelocaldns")
+
+# IPv4 (20) + ICMP (8) header bytes: the largest don't-fragment ICMP payload on an MTU of N is N - 28.
+ICMP_OVERHEAD = 28
+BASE_PAYLOAD = 1472  # 1500 - 28: what every Ethernet path carries
+
+
+def excluded_reason(name):
+    """Why an interface may not carry NCCL traffic, or None when it may."""
+    if name in EXCLUDED_EXACT:
+        return "%s is the loopback interface" % name
+    for prefix in EXCLUDED_PREFIXES:
+        if name.startswith(prefix):
+            return "%s is a virtual interface (%s*: container/VM bridge or overlay)" % (name, prefix)
+    return None
+
+
+# --------------------------------------------------------------------------- interfaces
+
+def parse_ip_addr(records):
+    """``ip -j -d addr show`` (parsed JSON list) -> {name: {mtu, up, operstate, kind, mac, ipv4, ipv6, master}}.
+
+    ``up`` is the administrative state (flag UP) together with carrier (LOWER_UP) or an operstate that is
+    not DOWN (some drivers report UNKNOWN while passing traffic)."""
+    out = {}
+    for rec in records or []:
+        name = rec.get("ifname")
+        if not name:
+            continue
+        flags = rec.get("flags") or []
+        operstate = rec.get("operstate") or "UNKNOWN"
+        admin_up = "UP" in flags
+        carrier = "LOWER_UP" in flags or operstate == "UP"
+        ipv4, ipv6 = [], []
+        for a in rec.get("addr_info") or []:
+            if a.get("family") == "inet":
+                ipv4.append(a.get("local"))
+            elif a.get("family") == "inet6":
+                ipv6.append(a.get("local"))
+        out[name] = {
+            "name": name,
+            "mtu": int(rec.get("mtu") or 0),
+            "admin_up": admin_up,
+            "up": bool(admin_up and (carrier or operstate not in ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT"))
+                       and "NO-CARRIER" not in flags),
+            "operstate": operstate,
+            "kind": ((rec.get("linkinfo") or {}).get("info_kind")) or "",
+            "mac": rec.get("address") or "",
+            "master": rec.get("master") or "",
+            "ipv4": [a for a in ipv4 if a],
+            "ipv6": [a for a in ipv6 if a],
+        }
+    return out
+
+
+def iface_holding(links, address):
+    """Name of the interface that holds ``address``, or None."""
+    if not address:
+        return None
+    for name, link in sorted(links.items()):
+        if address in link.get("ipv4", []) or address in link.get("ipv6", []):
+            return name
+    return None
+
+
+def parse_route_get(records, rc=0, stderr=""):
+    """``ip -j route get ADDR`` -> {ok, dev, type, gateway, prefsrc, error}.
+
+    A blackhole route makes ``ip route get`` fail with EINVAL, prohibit with EACCES, unreachable with
+    EHOSTUNREACH; those come back as ok False with the route type named."""
+    text = (stderr or "").strip()
+    if rc != 0 or not records:
+        low = text.lower()
+        rtype = "none"
+        if "invalid argument" in low:
+            rtype = "blackhole"
+        elif "permission denied" in low:
+            rtype = "prohibit"
+        elif "no route to host" in low:
+            rtype = "unreachable"
+        elif "network is unreachable" in low:
+            rtype = "unreachable"
+        return {"ok": False, "dev": None, "type": rtype, "gateway": None, "prefsrc": None,
+                "error": text or "no route"}
+    rec = records[0]
+    rtype = rec.get("type") or "unicast"
+    ok = rtype in ("unicast", "local") and bool(rec.get("dev"))
+    return {"ok": ok, "dev": rec.get("dev"), "type": rtype, "gateway": rec.get("gateway"),
+            "prefsrc": rec.get("prefsrc"), "error": "" if ok else "route type %s" % rtype}
+
+
+def select_iface(links, requested="", route=None, head_address="", own_address="", is_head=False):
+    """Pick this node's data interface.
+
+    * ``requested`` (cluster_data_iface) when set: it must exist, be up and not be loopback/virtual;
+    * otherwise the interface whose route reaches the head's data address; on the head itself (where the
+      route to its own address says ``lo``) the interface that holds the address.
+
+    The node's own data address (``own_address``) must sit on the chosen interface.
+    Returns {iface, address, mtu, reason, errors: [..], warnings: [..]}.
+    """
+    route = route or {}
+    errors, warnings = [], []
+    names = sorted(links)
+    usable = [n for n in names if not excluded_reason(n)]
+    iface, reason = None, ""
+    if requested:
+        if requested not in links:
+            errors.append("cluster_data_iface %s does not exist on this node (interfaces: %s)"
+                          % (requested, ", ".join(usable) or "none"))
+        else:
+            iface, reason = requested, "cluster_data_iface"
+    else:
+        holder = iface_holding(links, head_address)
+        if is_head or (holder and route.get("dev") in (None, "lo")):
+            if holder:
+                iface, reason = holder, "holds the head's data address %s" % head_address
+            else:
+                errors.append("the head's data address %s is on none of this node's interfaces (%s)"
+                              % (head_address, ", ".join(usable) or "none"))
+        elif not route.get("ok"):
+            errors.append("no route to the head's data address %s (%s)"
+                          % (head_address, route.get("error") or route.get("type") or "no route"))
+        else:
+            iface = route.get("dev")
+            reason = "route to the head's data address %s%s" % (
+                head_address, " via %s" % route["gateway"] if route.get("gateway") else "")
+            if iface not in links:
+                errors.append("the route to %s uses %s, which is not a listed interface" % (head_address, iface))
+                iface = None
+    link = links.get(iface) if iface else None
+    if link is not None:
+        why = excluded_reason(iface)
+        if why:
+            errors.append("%s: NCCL/gloo must not use it (%s)" % (why, reason))
+        if not link["up"]:
+            errors.append("%s is down (state %s%s)" % (iface, link["operstate"],
+                                                      "" if link["admin_up"] else ", administratively down"))
+    address = None
+    if link is not None:
+        if own_address:
+            if own_address in link["ipv4"] or own_address in link["ipv6"]:
+                address = own_address
+            else:
+                where = iface_holding(links, own_address)
+                errors.append("data address %s is not on %s (%s has %s%s)" % (
+                    own_address, iface, iface, ", ".join(link["ipv4"] + link["ipv6"]) or "no address",
+                    "; %s is on %s" % (own_address, where) if where else "; no interface of this node has it"))
+        if address is None and link["ipv4"]:
+            address = link["ipv4"][0]
+        elif address is None and link["ipv6"]:
+            address = link["ipv6"][0]
+    return {"iface": iface, "address": address, "mtu": link["mtu"] if link else None, "reason": reason,
+            "errors": errors, "warnings": warnings}
+
+
+def iface_verdict(host, selected, requested="", uniform=True, uniformity_detail=""):
+    """(status, detail, fix) of the network.iface check for one node."""
+    errors = selected.get("errors") or []
+    if errors:
+        if requested and not selected.get("iface"):
+            fix = ("on %s: set cluster_data_iface for this node to its data NIC (a host variable: names may "
+                   "differ per node), or leave it empty to select by the route to the head" % host)
+        elif any("not on" in e for e in errors):
+            fix = ("on %s: data_address must be an address of the data interface: fix data_address in the "
+                   "inventory, or set cluster_data_iface to the interface that holds it" % host)
+        elif any("no route" in e or "is on none" in e for e in errors):
+            fix = ("on %s: add a route to the head's data address over the data network (ip route get <addr> "
+                   "must name the data NIC), or set cluster_data_iface" % host)
+        elif any("down" in e for e in errors):
+            fix = "on %s: bring the interface up (ip link set dev %s up) and check its cable/port" % (
+                host, selected.get("iface"))
+        else:
+            fix = ("on %s: set cluster_data_iface to the physical data NIC (not loopback, docker*, veth*, br-*, "
+                   "virbr*, cni*, flannel*)" % host)
+        return "fail", "; ".join(errors), fix
+    detail = "%s (%s), address %s, MTU %s" % (selected.get("iface"), selected.get("reason"),
+                                              selected.get("address"), selected.get("mtu"))
+    if not uniform:
+        return ("warn", detail + "; " + uniformity_detail + ": NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME are "
+                "rendered per node", "rename the data NICs the same on every node (e.g. a systemd .link "
+                "file) to use one value cluster-wide; per-node values work as they are")
+    return "pass", detail, ""
+
+
+def iface_uniformity(ifaces_by_host):
+    """{host: iface} -> {uniform, names: {iface: [hosts]}, detail}. Hosts with no interface are left out."""
+    names = {}
+    for host in sorted(ifaces_by_host):
+        name = ifaces_by_host[host]
+        if name:
+            names.setdefault(name, []).append(host)
+    uniform = len(names) <= 1
+    if uniform:
+        detail = "every node uses %s" % (next(iter(names)) if names else "no interface")
+    else:
+        detail = "interface names differ: " + "; ".join(
+            "%s on %s" % (n, ", ".join(h)) for n, h in sorted(names.items()))
+    return {"uniform": uniform, "names": names, "detail": detail}
+
+
+# --------------------------------------------------------------------------- MTU and its persistence
+
+def networkd_matches(text, iface):
+    """Whether a systemd-networkd .network file's [Match] Name= globs match ``iface``."""
+    section, names = None, []
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+            continue
+        if section == "Match" and "=" in line:
+            key, value = line.split("=", 1)
+            if key.strip() == "Name":
+                names.extend(value.split())
+    return any(fnmatch.fnmatchcase(iface, pat) for pat in names if not pat.startswith("!"))
+
+
+NETPLAN_SECTIONS = ("ethernets", "bonds", "vlans", "bridges", "vrfs", "wifis", "tunnels")
+
+
+def netplan_section(doc, iface):
+    """The netplan section (ethernets, bonds, ...) that defines ``iface`` in a parsed netplan document."""
+    net = (doc or {}).get("network") or {}
+    for section in NETPLAN_SECTIONS:
+        defs = net.get(section) or {}
+        if not isinstance(defs, dict):
+            continue
+        for key, value in defs.items():
+            if key == iface:
+                return section
+            if isinstance(value, dict) and value.get("set-name") == iface:
+                return section
+    return None
+
+
+_IFUPDOWN_STANZA = re.compile(r"^(iface|auto|allow-\S+|mapping|source|source-directory|no-auto-down|"
+                              r"no-scripts|rename)\b")
+
+
+def ifupdown_set_mtu(text, iface, mtu):
+    """Set ``mtu N`` inside the ``iface <iface> inet ...`` stanza of an ifupdown file.
+
+    Returns (new_text, found): found is False when the file has no inet stanza for the interface (nothing
+    changed). An existing mtu line in the stanza is replaced; otherwise one is added after the iface line."""
+    lines = (text or "").splitlines(True)
+    out, found, i = [], False, 0
+    head = re.compile(r"^\s*iface\s+%s\s+inet\s" % re.escape(iface))
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        if not head.match(line) or found:
+            continue
+        found = True
+        indent, placed = "    ", False
+        while i < len(lines):
+            body = lines[i]
+            stripped = body.strip()
+            if stripped and not body[:1].isspace() and _IFUPDOWN_STANZA.match(stripped):
+                break
+            if stripped and body[:1].isspace():
+                indent = body[:len(body) - len(body.lstrip())]
+            if re.match(r"^\s+mtu\s+\S+", body):
+                out.append("%smtu %d\n" % (indent, mtu))
+                placed = True
+            else:
+                out.append(body)
+            i += 1
+        if not placed:
+            pos = len(out)
+            # after the iface line and its option lines, before trailing blank lines
+            while pos > 0 and not out[pos - 1].strip():
+                pos -= 1
+            if pos > 0 and not out[pos - 1].endswith("\n"):
+                out[pos - 1] += "\n"
+            out.insert(pos, "%smtu %d\n" % (indent, mtu))
+    return "".join(out), found
+
+
+def mtu_verdict(host, iface, current, expected, managed, changed=False):
+    """(ok, detail, fix) for the data interface's MTU after the role had its chance to set it."""
+    if current == expected:
+        detail = "%s MTU %d%s" % (iface, current, " (set by the role)" if changed else "")
+        return True, detail, ""
+    detail = "%s MTU %s on %s, expected cluster_data_mtu %d" % (iface, current, host, expected)
+    fix = ("on %s: ip link set dev %s mtu %d (and persist it), or run with network_manage_mtu: true, "
+           "or set cluster_data_mtu to what the network carries" % (host, iface, expected))
+    if managed:
+        fix = ("the role could not set it: check that %s on %s accepts MTU %d (driver max_mtu, bond/VLAN "
+               "parent MTU), or lower cluster_data_mtu" % (iface, host, expected))
+    return False, detail, fix
+
+
+# --------------------------------------------------------------------------- path MTU (ping)
+
+def ping_argv(address, size, wait=1):
+    """A single don't-fragment ICMP echo with ``size`` payload bytes."""
+    return ["ping", "-n", "-M", "do", "-c", "1", "-W", str(int(wait)), "-s", str(int(size)), address]
+
+
+_MTU_HINT = re.compile(r"mtu\s*=\s*(\d+)", re.I)
+
+
+def parse_ping(rc, stdout, stderr):
+    """Result of one ping -> {ok, outcome, mtu_hint, message}.
+
+    outcome: ok | lost (no reply: dropped on the path or at the receiver) | too_big (the local MTU, or a
+    router's "frag needed", is smaller) | unreachable | blocked (route or firewall refuses) | error."""
+    text = "%s\n%s" % (stdout or "", stderr or "")
+    low = text.lower()
+    hint = _MTU_HINT.search(text)
+    mtu_hint = int(hint.group(1)) if hint else None
+    if rc == 0 and re.search(r"\b1 (packets )?received", low):
+        return {"ok": True, "outcome": "ok", "mtu_hint": None, "message": ""}
+    if "message too long" in low or "frag needed" in low:
+        outcome = "too_big"
+    elif "invalid argument" in low:
+        outcome = "blocked"  # blackhole route
+    elif "permission denied" in low or "prohibited" in low or "operation not permitted" in low:
+        outcome = "blocked"
+    elif "unreachable" in low:
+        outcome = "unreachable"
+    elif rc == 1 or "0 received" in low or "100% packet loss" in low:
+        outcome = "lost"
+    else:
+        outcome = "error"
+    message = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("PING ", "---", "rtt ")) or "packets transmitted" in line:
+            continue
+        message = line
+        break
+    return {"ok": False, "outcome": outcome, "mtu_hint": mtu_hint, "message": message}
+
+
+def path_matrix(probes_by_src):
+    """{src: {dst: {full: {ok..}, base: {ok..}}}} -> {'path_mtu': {src: {dst: bool}}, 'path_base': ...}."""
+    full, base = {}, {}
+    for src, row in (probes_by_src or {}).items():
+        for dst, res in (row or {}).items():
+            full.setdefault(src, {})[dst] = bool((res.get("full") or {}).get("ok"))
+            base.setdefault(src, {})[dst] = bool((res.get("base") or {}).get("ok"))
+    return {"path_mtu": full, "path_base": base}
+
+
+def diagnose_pair(src, dst, probe, mtus, expected, ifaces=None):
+    """One failing (src -> dst) probe -> {src, dst, payload, what, detail, fix}, or None when it passed.
+
+    ``mtus``: {host: MTU of its data interface}; ``ifaces``: {host: interface name}."""
+    ifaces = ifaces or {}
+    full = probe.get("full") or {}
+    base = probe.get("base") or {}
+    payload = expected - ICMP_OVERHEAD
+    if full.get("ok") and base.get("ok"):
+        return None
+    smtu, dmtu = mtus.get(src), mtus.get(dst)
+    sif, dif = ifaces.get(src) or "data interface", ifaces.get(dst) or "data interface"
+    seen = "MTU %s %s %s, %s %s %s" % (src, sif, smtu, dst, dif, dmtu)
+    if not base.get("ok"):
+        what = base.get("outcome") or "lost"
+        detail = "%s -> %s: even a %d-byte ping fails (%s%s); %s" % (
+            src, dst, BASE_PAYLOAD, what, ": " + base["message"] if base.get("message") else "", seen)
+        if what == "blocked":
+            fix = ("on %s: the route to %s is a blackhole/prohibit route or a firewall rejects ICMP: check "
+                   "`ip route get %s` and the firewall on both nodes" % (src, dst, probe.get("address", dst)))
+        else:
+            fix = ("no data path from %s to %s: check cabling/VLAN/addressing of %s and %s, the firewall "
+                   "(ICMP echo), and `ip route get %s` on %s" % (src, dst, sif, dif, probe.get("address", dst), src))
+        return {"src": src, "dst": dst, "payload": BASE_PAYLOAD, "what": what, "detail": detail, "fix": fix}
+    what = full.get("outcome") or "lost"
+    low = [h for h, m in ((src, smtu), (dst, dmtu)) if m is not None and m < expected]
+    detail = "%s -> %s: %d-byte don't-fragment ping %s, %d bytes pass; %s (cluster_data_mtu %d)" % (
+        src, dst, payload, "lost" if what == "lost" else "fails (%s)" % (full.get("message") or what),
+        BASE_PAYLOAD, seen, expected)
+    if low:
+        fix = "; ".join("on %s: ip link set dev %s mtu %d" % (h, ifaces.get(h) or "<data iface>", expected)
+                        for h in low) + " (or let the role manage it: network_manage_mtu: true)"
+    else:
+        hint = full.get("mtu_hint")
+        fix = ("both ends are at MTU %d: a switch, router or bridge between %s and %s carries less%s; raise "
+               "its MTU to %d or lower cluster_data_mtu" % (expected, src, dst,
+                                                            " (reported mtu=%d)" % hint if hint else "", expected))
+    return {"src": src, "dst": dst, "payload": payload, "what": what, "detail": detail, "fix": fix}
+
+
+def diagnose(probes_by_src, mtus, expected, ifaces=None):
+    """Every failing pair, ordered by (src, dst)."""
+    out = []
+    for src in sorted(probes_by_src or {}):
+        for dst in sorted(probes_by_src[src] or {}):
+            d = diagnose_pair(src, dst, probes_by_src[src][dst], mtus, expected, ifaces)
+            if d:
+                out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------- rendezvous port
+
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
+              "0B": "CLOSING"}
+
+
+def _hex_addr(text):
+    """'0100007F:1F90' -> ('127.0.0.1', 8080) for IPv4; IPv6 addresses come back as hex groups."""
+    addr, port = text.split(":")
+    if len(addr) == 8:
+        raw = bytearray.fromhex(addr)
+        ip = ".".join(str(b) for b in reversed(raw))
+    else:
+        raw = bytearray.fromhex(addr)
+        words = [raw[i:i + 4] for i in range(0, 16, 4)]
+        b = bytearray()
+        for w in words:
+            b.extend(reversed(w))
+        ip = ":".join("%02x%02x" % (b[i], b[i + 1]) for i in range(0, 16, 2))
+        ip = _compress_v6(ip)
+    return ip, int(port, 16)
+
+
+def _compress_v6(ip):
+    groups = [g.lstrip("0") or "0" for g in ip.split(":")]
+    if groups[:5] == ["0"] * 5 and groups[5] == "ffff":
+        hexes = "".join(g.zfill(4) for g in groups[6:])
+        return "::ffff:" + ".".join(str(int(hexes[i:i + 2], 16)) for i in range(0, 8, 2))
+    best, start = (0, 0), None
+    for i, g in enumerate(groups + ["x"]):
+        if g == "0" and start is None:
+            start = i
+        elif g != "0" and start is not None:
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = None
+    if best[1] - best[0] > 1:
+        return ":".join(groups[:best[0]]) + "::" + ":".join(groups[best[1]:])
+    return ":".join(groups)
+
+
+def parse_proc_net_tcp(text, port):
+    """Sockets bound to ``port`` that hold it (LISTEN, or bound and not yet listening) from /proc/net/tcp{,6}.
+
+    Returns [{local, port, state, inode}]; TIME_WAIT and connected sockets do not keep a listener from
+    binding (with SO_REUSEADDR, which torchrun's store uses), so only LISTEN/CLOSE count."""
+    out = []
+    for line in (text or "").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        try:
+            ip, lport = _hex_addr(parts[1])
+        except (ValueError, IndexError):
+            continue
+        state = TCP_STATES.get(parts[3].upper(), parts[3])
+        if lport != int(port) or state not in ("LISTEN", "CLOSE"):
+            continue
+        if state == "CLOSE" and parts[2].split(":")[-1] != "0000":
+            continue
+        inode = int(parts[9])
+        if inode == 0:
+            continue
+        out.append({"local": ip, "port": lport, "state": state, "inode": inode})
+    return out
+
+
+def socket_inode(link_target):
+    """'socket:[12345]' -> 12345, anything else -> None."""
+    m = re.match(r"^socket:\[(\d+)\]$", link_target or "")
+    return int(m.group(1)) if m else None
+
+
+def job_pids(state, stats):
+    """PIDs that belong to the job recorded in the launch state file.
+
+    ``state``: parsed launch.json (may be None); ``stats``: {pid: {pgrp, session, start_ticks, ppid}}.
+    The leader counts only when its start time matches (PID reuse); members are the leader's process
+    group, its descendants, and the sidecars' verified groups."""
+    if not state:
+        return set()
+    owners = []
+    for entry in [state] + list(state.get("sidecars") or []):
+        try:
+            pid, pgid, ticks = int(entry["pid"]), int(entry.get("pgid") or entry["pid"]), int(entry["start_ticks"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        owners.append((pid, pgid, ticks))
+    mine = set()
+    for pid, pgid, ticks in owners:
+        leader = stats.get(pid)
+        leader_ok = leader is not None and int(leader.get("start_ticks", -1)) == ticks
+        for p, st in stats.items():
+            if int(st.get("start_ticks", 0)) < ticks:
+                continue
+            if (p == pid and leader_ok) or (leader_ok and int(st.get("pgrp", -1)) == pgid):
+                mine.add(p)
+        if leader_ok:
+            # descendants of the verified leader (workers in sessions of their own)
+            frontier = {pid}
+            while frontier:
+                children = {p for p, st in stats.items()
+                            if int(st.get("ppid", -1)) in frontier and p not in mine
+                            and int(st.get("start_ticks", 0)) >= ticks}
+                mine |= children
+                frontier = children
+    return mine
+
+
+def port_verdict(port, holders, ours, fix_reset="ansible-playbook reset.yml -e reset_confirm=true"):
+    """Decide the rendezvous port check on the head.
+
+    ``holders``: [{pid, command, local, state}] (pid None when no process could be mapped); ``ours``: set
+    of PIDs of this tool's job. Returns {state: free|ours|other, ok, detail, fix}."""
+    if not holders:
+        return {"state": "free", "ok": True, "detail": "port %d is free" % port, "fix": ""}
+    named = ["PID %s (%s) on %s" % (h.get("pid") if h.get("pid") is not None else "?",
+                                    h.get("command") or "command unknown", h.get("local")) for h in holders]
+    if all(h.get("pid") in ours for h in holders if h.get("pid") is not None) and \
+            any(h.get("pid") is not None for h in holders):
+        return {"state": "ours", "ok": False,
+                "detail": "port %d is held by this tool's earlier job: %s" % (port, "; ".join(named)),
+                "fix": "a previous trainyard job still holds it: run %s" % fix_reset}
+    other = [n for h, n in zip(holders, named) if h.get("pid") not in ours]
+    return {"state": "other", "ok": False,
+            "detail": "port %d is held by another process: %s" % (port, "; ".join(other)),
+            "fix": "stop that process (it is not this tool's job), or choose another cluster_rendezvous_port"}
+
+
+CONNECT_MESSAGES = {
+    "ok": "connected",
+    "timeout": "timed out: packets are dropped on the way (a firewall DROP rule on the head or in between)",
+    "refused": "connection refused: nothing listens there, or a firewall REJECT rule answers with a reset",
+    "unreachable": "no route to host: an ICMP unreachable/prohibited answer (firewall REJECT or routing)",
+    "blocked": "the local route or firewall forbids it (blackhole/prohibit route or an OUTPUT rule)",
+    "error": "connection failed",
+}
+
+
+def classify_connect_error(err):
+    """An exception from socket.connect (or the string 'timeout') -> one of CONNECT_MESSAGES' keys."""
+    if err is None:
+        return "ok"
+    if err == "timeout" or err.__class__.__name__ in ("timeout", "TimeoutError"):
+        return "timeout"
+    code = getattr(err, "errno", None)
+    if code == errno.ECONNREFUSED:
+        return "refused"
+    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable"
+    if code in (errno.EINVAL, errno.EACCES, errno.EPERM):
+        return "blocked"
+    if code == errno.ETIMEDOUT:
+        return "timeout"
+    return "error"
+
+
+def reach_verdict(src, head, address, port, outcome, message="", seconds=None):
+    """(ok, detail, fix) for a worker's TCP connect to head:port."""
+    took = " after %.1f s" % seconds if seconds is not None else ""
+    if outcome == "ok":
+        return True, "%s -> %s:%d connected%s" % (src, address, port, took), ""
+    detail = "%s -> %s (%s):%d %s%s%s" % (src, head, address, port, CONNECT_MESSAGES.get(outcome, outcome), took,
+                                         " [%s]" % message if message else "")
+    fixes = {
+        "timeout": "allow TCP %d from the workers' data network on %s (e.g. iptables -I INPUT -p tcp --dport %d "
+                   "-j ACCEPT) and on any firewall in between" % (port, head, port),
+        "refused": "check what listens on %s:%d on %s, and REJECT rules for port %d" % (address, port, head, port),
+        "unreachable": "check routes and REJECT rules between %s and %s (ip route get %s on %s)"
+                       % (src, head, address, src),
+        "blocked": "on %s: remove the blackhole/prohibit route or OUTPUT rule for %s (ip route get %s)"
+                   % (src, address, address),
+    }
+    return False, detail, fixes.get(outcome, "check the data network between %s and %s" % (src, head))

@@ -1,0 +1,87 @@
+# -*- coding: utf-8 -*-
+"""Filters of the network role: thin wrappers over module_utils/netcheck.py (pure, unit-tested there)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "module_utils"))
+import netcheck  # noqa: E402  (module_utils/ of this repository, found through the path above)
+
+
+def network_uniformity(hostvars, hosts):
+    """hostvars, [host] -> {uniform, names, detail} over the hosts' network_iface."""
+    return netcheck.iface_uniformity({h: (hostvars[h].get("network_iface") or "") for h in hosts if h in hostvars})
+
+
+def network_bridge_text(bridge):
+    """{name, mtu, up} -> 'docker0 MTU 1500 (down)'."""
+    return "%s MTU %s%s" % (bridge.get("name"), bridge.get("mtu"), "" if bridge.get("up") else " (down)")
+
+
+def network_peers(hostvars, hosts, me):
+    """[{name, address}] of the other hosts that have a data address."""
+    out = []
+    for h in hosts:
+        addr = hostvars[h].get("network_address") if h in hostvars else None
+        if h != me and addr:
+            out.append({"name": h, "address": addr})
+    return out
+
+
+def network_iface_verdict(selected, host, requested="", uniformity=None):
+    uniformity = uniformity or {"uniform": True, "detail": ""}
+    status, detail, fix = netcheck.iface_verdict(host, selected, requested, uniformity["uniform"],
+                                                 uniformity["detail"])
+    return {"status": status, "detail": detail, "fix": fix}
+
+
+def network_mtu_verdict(current, host, iface, expected, managed, changed=False):
+    ok, detail, fix = netcheck.mtu_verdict(host, iface, None if current in (None, "") else int(current),
+                                           int(expected), bool(managed), bool(changed))
+    return {"ok": ok, "detail": detail, "fix": fix}
+
+
+def network_path_diagnosis(probes, src, hostvars, hosts, expected):
+    """This node's probe results -> {ok, failures, detail, fix, pairwise} with both MTUs of each failing pair."""
+    mtus = {h: hostvars[h].get("_network_mtu") for h in hosts if h in hostvars}
+    ifaces = {h: hostvars[h].get("network_iface") for h in hosts if h in hostvars}
+    rows = {src: probes or {}}
+    failures = netcheck.diagnose(rows, mtus, int(expected), ifaces)
+    matrix = netcheck.path_matrix(rows)
+    pairwise = {k: v.get(src, {}) for k, v in matrix.items()}
+    n = len(probes or {})
+    if failures:
+        detail = "; ".join(f["detail"] for f in failures)
+        fix = "; ".join(dict.fromkeys(f["fix"] for f in failures))
+    else:
+        detail = "%d peer%s pass %d- and %d-byte don't-fragment pings" % (
+            n, "" if n == 1 else "s", int(expected) - netcheck.ICMP_OVERHEAD, netcheck.BASE_PAYLOAD)
+        fix = ""
+    return {"ok": not failures, "failures": failures, "detail": detail, "fix": fix, "pairwise": pairwise}
+
+
+def network_reach_verdict(result, src, head, address, port):
+    ok, detail, fix = netcheck.reach_verdict(src, head, address, int(port), result.get("outcome", "error"),
+                                             result.get("message", ""), result.get("seconds"))
+    return {"ok": ok, "detail": detail, "fix": fix}
+
+
+def network_ifupdown_mtu(text, iface, mtu):
+    return netcheck.ifupdown_set_mtu(text, iface, int(mtu))[0]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "network_uniformity": network_uniformity,
+            "network_peers": network_peers,
+            "network_bridge_text": network_bridge_text,
+            "network_iface_verdict": network_iface_verdict,
+            "network_mtu_verdict": network_mtu_verdict,
+            "network_path_diagnosis": network_path_diagnosis,
+            "network_reach_verdict": network_reach_verdict,
+            "network_ifupdown_mtu": network_ifupdown_mtu,
+        }
