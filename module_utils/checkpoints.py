@@ -228,13 +228,28 @@ def _best_model_name(ckpt_dir: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------- planning
 
+_COMPILED: dict = {}
+
+
+def _compile(patterns) -> "re.Pattern":
+    key = tuple(patterns)
+    rx = _COMPILED.get(key)
+    if rx is None:
+        rx = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or r"(?!)")
+        _COMPILED[key] = rx
+    return rx
+
+
 def _matches(name: str, rel: str, patterns) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in patterns)
+    """fnmatch (case-sensitive) of any pattern against the file name or the path relative to the checkpoint."""
+    rx = _compile(patterns)
+    return bool(rx.match(name) or (rel != name and rx.match(rel)))
 
 
 def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan) -> None:
     """Add the deletable files of one complete checkpoint to the plan (lstat only, no symlink followed)."""
-    protected = PROTECTED_PATTERNS + tuple(keep)
+    prot = _compile(PROTECTED_PATTERNS + tuple(keep))
+    dele = _compile(DELETE_PATTERNS)
     has_global_step = False
     # (directory path, path relative to the checkpoint, inside a global_step* directory)
     stack = [(ckpt.path, "", False)]
@@ -247,32 +262,37 @@ def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan) -
             continue
         with it:
             for e in it:
-                rel = f"{rel_d}{e.name}"
+                name = e.name
+                rel = f"{rel_d}{name}"
+                plan.scanned_files += 1
+                try:
+                    # d_type from the directory entry: no syscall, and never through a symlink.
+                    if e.is_dir(follow_symlinks=False):
+                        gs = in_gs or bool(GLOBAL_STEP_RE.match(name))
+                        if gs:
+                            has_global_step = True
+                            gs_dirs.append(e.path)
+                        stack.append((e.path, rel + "/", gs))
+                        continue
+                    if not e.is_file(follow_symlinks=False):
+                        continue  # symlinks, sockets, fifos: never touched
+                except OSError:
+                    continue
+                if prot.match(name) or (rel_d and prot.match(rel)):
+                    continue
+                if in_gs:
+                    reason = "deepspeed global_step"
+                elif not rel_d and name in DEEPSPEED_SIDE_FILES:
+                    reason = "deepspeed tag/helper"
+                elif dele.match(name) or (rel_d and dele.match(rel)):
+                    reason = "optimizer/zero/full-model state"
+                else:
+                    continue
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                plan.scanned_files += 1
-                if stat.S_ISDIR(st.st_mode):
-                    gs = in_gs or bool(GLOBAL_STEP_RE.match(e.name))
-                    if gs:
-                        has_global_step = True
-                        gs_dirs.append(e.path)
-                    stack.append((e.path, rel + "/", gs))
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue  # symlinks, sockets, fifos: never touched
-                if _matches(e.name, rel, protected):
-                    continue
-                if st.st_size < min_size:
-                    continue
-                if in_gs:
-                    reason = "deepspeed global_step"
-                elif rel_d == "" and e.name in DEEPSPEED_SIDE_FILES:
-                    reason = "deepspeed tag/helper"
-                elif _matches(e.name, rel, DELETE_PATTERNS):
-                    reason = "optimizer/zero/full-model state"
-                else:
+                if not stat.S_ISREG(st.st_mode) or st.st_size < min_size:
                     continue
                 plan.deletions.append(Deletion(path=e.path, size=st.st_size, checkpoint=ckpt.path, reason=reason))
     if not has_global_step:
