@@ -1,0 +1,264 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""What the NVIDIA stack of one node says: driver, CUDA, every GPU (UUID, PCI bus id, fabric state, NVLink),
+NVSwitches and the fabric manager's version. One ``nvidia-smi -q -x`` answers nearly all of it."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: nvidia_gpu_facts
+short_description: Read the driver, CUDA, GPU, fabric and NVSwitch facts of a node
+description:
+  - Runs C(nvidia-smi -q -x) once and parses it (driver and CUDA versions; per GPU its index, UUID, PCI bus id,
+    name, memory, persistence mode, MIG mode and fabric state/status).
+  - With I(nvlink), also runs C(nvidia-smi nvlink -s) (one short extra call) for the number of active links
+    per GPU.
+  - Reads C(/proc/driver/nvidia/version) when present (the loaded kernel module's version) and lists
+    C(/proc/driver/nvidia-nvswitch/devices) (NVSwitches visible to this node).
+  - With I(fabricmanager), reads the fabric manager's version from C(nv-fabricmanager --version), or from the
+    installed C(nvidia-fabricmanager*) package when the binary is absent; C(None) when neither exists.
+  - Returns the facts as C(nvidia_gpu_facts) in the result (register it). It does not return C(ansible_facts),
+    so nothing lands in the persistent fact cache where it could go stale between runs.
+  - Fails with the node's name, the likely cause (driver not loaded, version mismatch, no devices,
+    permissions, hung GPU) and the fix when nvidia-smi is missing or errors.
+  - Read-only; runs the same in check mode.
+options:
+  nvidia_smi:
+    description: The nvidia-smi to run (a name searched on PATH, /usr/bin, /usr/local/bin, /usr/local/nvidia/bin, or a path).
+    type: str
+    default: nvidia-smi
+  nvlink:
+    description: Also run C(nvidia-smi nvlink -s) and return the active/inactive NVLink count per GPU.
+    type: bool
+    default: true
+  fabricmanager:
+    description: Look up the fabric manager's version (binary, then package).
+    type: bool
+    default: true
+  timeout:
+    description: Seconds each nvidia-smi call may take (a hung GPU makes nvidia-smi hang); 0 waits forever.
+    type: int
+    default: 60
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU facts
+  nvidia_gpu_facts:
+  register: __nvidia_driver_gpu
+
+- name: Keep them for this run only (not in the fact cache)
+  ansible.builtin.set_fact:
+    nvidia_gpu_facts: "{{ __nvidia_driver_gpu.nvidia_gpu_facts }}"
+"""
+
+RETURN = r"""
+nvidia_gpu_facts:
+  description: The node's NVIDIA facts.
+  returned: success
+  type: dict
+  contains:
+    driver_version:
+      description: Driver version nvidia-smi reports.
+      type: str
+      sample: 580.159.04
+    kernel_module_version:
+      description: Version of the loaded kernel module (/proc/driver/nvidia/version), None when not readable.
+      type: str
+    cuda_version:
+      description: Highest CUDA version the driver supports.
+      type: str
+      sample: "13.0"
+    gpu_count:
+      description: Number of GPUs listed.
+      type: int
+    attached_gpus:
+      description: The attached_gpus field (may differ from gpu_count when nvidia-smi could not read a GPU).
+      type: int
+    gpus:
+      description: One entry per GPU in nvidia-smi order (which is PCI bus order).
+      type: list
+      elements: dict
+      sample:
+        - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, pci_bus_id: "00000000:00:06.0",
+           pci_bus_id_normalized: "0000:00:06.0", name: NVIDIA H200, memory_total_mib: 143771,
+           persistence_mode: Enabled, mig_mode: Disabled, minor_number: 0, module_id: "2",
+           fabric: {state: Completed, status: Success, clique_id: "0", cluster_uuid: "..."},
+           nvlink: {links: 18, active: 18, inactive: 0, gbps: 478.116}}
+    fabric_applicable:
+      description: Any GPU reports a fabric state (NVSwitch / NVLink fabric system).
+      type: bool
+    nvswitch:
+      description: NVSwitches seen by this node (C(devices) from /proc, C(present) also true when only the fabric section shows one).
+      type: dict
+      sample: {present: true, local: false, devices: [], source: fabric}
+    fabricmanager_version:
+      description: Fabric manager version, None when not installed.
+      type: str
+    fabricmanager_source:
+      description: Where the version came from (binary, package) or None.
+      type: str
+    fabricmanager_package:
+      description: The installed nvidia-fabricmanager package name, when known.
+      type: str
+    nvidia_smi:
+      description: Path of the nvidia-smi that ran.
+      type: str
+cause:
+  description: On failure, the likely cause.
+  returned: failure
+  type: str
+fix:
+  description: On failure, what to do.
+  returned: failure
+  type: str
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_smi import (
+    NvidiaSmiParseError,
+    classify_failure,
+    fabric_applicable,
+    nvswitch_devices,
+    parse_driver_proc_version,
+    parse_fabricmanager_package,
+    parse_fabricmanager_version,
+    parse_nvlink_status,
+    parse_query_xml,
+)
+
+SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
+PROC_VERSION = "/proc/driver/nvidia/version"
+PROC_NVSWITCH = "/proc/driver/nvidia-nvswitch/devices"
+
+
+class GpuFacts(object):
+    def __init__(self, module):
+        self.module = module
+        self.host = socket.gethostname()
+        self.timeout = module.params["timeout"]
+        self._timeout_bin = module.get_bin_path("timeout") if self.timeout > 0 else None
+
+    def _run(self, argv):
+        if self._timeout_bin:
+            argv = [self._timeout_bin, "-k", "5", str(self.timeout)] + argv
+        return self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    def fail(self, rc, output, missing=False, **extra):
+        cause, fix = classify_failure(rc, output, missing=missing)
+        first = (output or "").strip().splitlines()
+        msg = "%s: %s" % (self.host, cause)
+        if first and not missing:
+            msg += " [nvidia-smi exit %s: %s]" % (rc, first[0][:300])
+        msg += ". Fix: %s" % fix
+        self.module.fail_json(msg=msg, rc=rc, cause=cause, fix=fix, node=self.host, **extra)
+
+    def smi_path(self):
+        name = self.module.params["nvidia_smi"]
+        if os.sep in name:
+            return name if os.access(name, os.X_OK) else None
+        return self.module.get_bin_path(name, opt_dirs=SEARCH_DIRS)
+
+    def read(self):
+        smi = self.smi_path()
+        if not smi:
+            self.fail(None, "", missing=True)
+        rc, out, err = self._run([smi, "-q", "-x"])
+        if rc != 0:
+            self.fail(rc, (out or "") + (err or ""), stdout=out, stderr=err)
+        try:
+            facts = parse_query_xml(out)
+        except NvidiaSmiParseError as exc:
+            self.module.fail_json(
+                msg="%s: cannot read nvidia-smi -q -x: %s. Fix: run nvidia-smi -q -x on the node; a driver this "
+                    "old or this broken is not supported" % (self.host, exc), node=self.host, stdout=out[:2000])
+        gpus = facts["gpus"]
+
+        links = {}
+        if self.module.params["nvlink"] and gpus:
+            rc, lout, lerr = self._run([smi, "nvlink", "-s"])
+            if rc == 0:
+                links = parse_nvlink_status(lout)
+        for g in gpus:
+            g["nvlink"] = links.get(g["index"])
+
+        facts["kernel_module_version"] = None
+        if os.path.exists(PROC_VERSION):
+            try:
+                with open(PROC_VERSION) as f:
+                    facts["kernel_module_version"] = parse_driver_proc_version(f.read())
+            except (IOError, OSError):
+                pass
+
+        devices = []
+        if os.path.isdir(PROC_NVSWITCH):
+            devices = nvswitch_devices(os.listdir(PROC_NVSWITCH))
+        elif os.path.isfile(PROC_NVSWITCH):
+            with open(PROC_NVSWITCH) as f:
+                devices = nvswitch_devices(f.read().splitlines())
+        applicable = fabric_applicable(gpus)
+        facts["fabric_applicable"] = applicable
+        facts["nvswitch"] = {
+            "present": bool(devices) or applicable,
+            "local": bool(devices),
+            "devices": devices,
+            "source": "proc" if devices else ("fabric" if applicable else None),
+        }
+        facts["gpu_count"] = len(gpus)
+        facts.update(self.fabricmanager())
+        facts["nvidia_smi"] = smi
+        return facts
+
+    def fabricmanager(self):
+        none = {"fabricmanager_version": None, "fabricmanager_source": None, "fabricmanager_package": None}
+        if not self.module.params["fabricmanager"]:
+            return none
+        fm = self.module.get_bin_path("nv-fabricmanager", opt_dirs=SEARCH_DIRS)
+        if fm:
+            rc, out, err = self._run([fm, "--version"])
+            version = parse_fabricmanager_version((out or "") + "\n" + (err or "")) if rc == 0 else None
+            if version:
+                return {"fabricmanager_version": version, "fabricmanager_source": "binary",
+                        "fabricmanager_package": None}
+        dpkg = self.module.get_bin_path("dpkg-query")
+        if dpkg:
+            rc, out, err = self.module.run_command(
+                [dpkg, "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", "nvidia-fabricmanager*"],
+                environ_update={"LC_ALL": "C"})
+            if rc == 0:
+                package, version = parse_fabricmanager_package(out)
+                if version:
+                    return {"fabricmanager_version": version, "fabricmanager_source": "package",
+                            "fabricmanager_package": package}
+        return none
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            nvlink=dict(type="bool", default=True),
+            fabricmanager=dict(type="bool", default=True),
+            timeout=dict(type="int", default=60),
+        ),
+        supports_check_mode=True,
+    )
+    facts = GpuFacts(module).read()
+    module.exit_json(changed=False, nvidia_gpu_facts=facts)
+
+
+if __name__ == "__main__":
+    main()
