@@ -401,7 +401,8 @@ class Launch(object):
             "last_log_line": tr.last_line(text), "exit": exit_info, "failure": failure,
         }
         if status != "running" or failure:
-            out["log_tail"] = tr.log_tail(text, self.p["log_lines"])
+            out["log_tail"] = tr.failure_tail(text, self.p["log_lines"]) if failure else \
+                tr.log_tail(text, self.p["log_lines"])
         if extra:
             out.update(extra)
         return out

@@ -415,6 +415,32 @@ def log_tail(text, lines=30):
     return "\n".join(text.splitlines()[-lines:])
 
 
+def failure_tail(text, lines=30):
+    """The log tail without torchrun's own traceback and failure report (the agent's stack says nothing about
+    the job, and the report is returned parsed): what the ranks printed last, then the launcher's exit line."""
+    all_lines = text.splitlines()
+    cut_from = cut_to = None
+    for i in range(len(all_lines) - 1, -1, -1):
+        if "ChildFailedError" in all_lines[i] and all_lines[i].startswith("torch.distributed"):
+            j = i
+            while j > 0 and not all_lines[j].startswith("Traceback (most recent call last):"):
+                j -= 1
+            cut_from = j if all_lines[j].startswith("Traceback") else i
+            # the report ends at the second "=====" rule after the Root Cause header
+            k, seen_root = i + 1, False
+            while k < len(all_lines):
+                if all_lines[k].startswith("Root Cause"):
+                    seen_root = True
+                if seen_root and all_lines[k].startswith("====="):
+                    break
+                k += 1
+            cut_to = k
+            break
+    if cut_from is not None:
+        all_lines = all_lines[:cut_from] + all_lines[cut_to + 1:]
+    return "\n".join(all_lines[-lines:])
+
+
 def last_line(text):
     for line in reversed(text.splitlines()):
         if line.strip():

@@ -260,3 +260,22 @@ def test_job_status(alive, exit_info, failure, want):
 def test_launcher_source_compiles():
     compile(tr.LAUNCHER_SOURCE, "launcher.py", "exec")
     assert json.dumps(tr.LAUNCHER_SOURCE)
+
+
+def test_sim_cluster_logs_name_the_killed_node():
+    # Real logs of a 3-node run on the simulated cluster: rank 1 (node rank 1) kill -9'd; node rank 0 logged
+    # its connection reset in the same second, earlier by torchrun's clock.
+    killed = tr.root_cause(log("sim_node_killed.log"))
+    survivor = tr.root_cause(log("sim_node_survivor.log"))
+    killed["node_rank"], survivor["node_rank"] = 1, 0
+    assert survivor["time_epoch"] < killed["time_epoch"]
+    assert tr.first_failure([survivor, killed]) is killed
+    assert (killed["rank"], killed["signal"]) == (1, "SIGKILL")
+
+
+def test_failure_tail_drops_torchruns_own_stack_and_report():
+    tail = tr.failure_tail(log("sim_node_survivor.log"), 8)
+    assert "launch_agent" not in tail and "Root Cause" not in tail
+    assert "Connection reset by peer" in tail
+    assert tail.splitlines()[-1].endswith("torchrun exited with code 1")
+    assert tr.failure_tail("a\nb\n", 5) == "a\nb"
