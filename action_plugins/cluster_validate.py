@@ -1,0 +1,211 @@
+# -*- coding: utf-8 -*-
+"""Validate the inventory and compute the cluster model on the controller; no host is contacted."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cluster_validate
+short_description: Check the inventory and variables of a training cluster and compute the cluster model
+description:
+  - Runs on the controller only and contacts no host.
+  - Reads the variables the user set for every host of the group C(trainers) (inventory, group_vars,
+    host_vars, extra vars; gathered facts are ignored), checks them all, and fails once listing every problem,
+    one line each, starting with "Stop if", naming host, variable, bad value and the fix.
+  - Every variable whose name starts with a role prefix (C(cluster_), C(network_), C(container_), ... and
+    C(<role>_) for every role with a C(meta/argument_specs.yml)) is checked against that role's argument spec:
+    unknown names (with the nearest valid name), type, choices, nested options of dicts and lists of dicts.
+  - Computes the cluster model (node rank, nnodes, world size, head, master address and port, hosts by rank,
+    data address) with C(module_utils/cluster_model.py) and returns it per host in I(models).
+options:
+  group:
+    description: Group of the training nodes.
+    type: str
+    default: trainers
+  roles_dir:
+    description: Directory whose C(*/meta/argument_specs.yml) type the role variables. Default is the repository's C(roles/).
+    type: path
+  removed:
+    description: Removed or renamed variables, C({old: {new: name, note: text}}).
+    type: dict
+    default: {}
+  reserved:
+    description: Facts that roles compute and the inventory must not set, C({fact: role}).
+    type: dict
+    default: {}
+  bad_iface_patterns:
+    description: Regular expressions (full match) of interface names that are never the data interface.
+    type: list
+    elements: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Stop if the inventory or the variables are wrong
+  cluster_validate:
+    removed: "{{ _cluster_removed_vars }}"
+    reserved: "{{ _cluster_reserved_facts }}"
+  register: __cluster_validate
+"""
+
+RETURN = r"""
+models:
+  description: The cluster model of every trainer, by inventory name.
+  returned: success
+  type: dict
+hosts_by_rank:
+  description: Inventory names of the trainers, rank 0 first.
+  returned: success
+  type: list
+problems:
+  description: Every "Stop if ..." line (also in msg when the task fails).
+  returned: always
+  type: list
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+REPO = Path(__file__).resolve().parents[1]
+
+# Host variables (not role-prefixed) that the validation reads.
+HOST_VARS = ("node_rank", "data_address", "ansible_host", "ansible_port", "ansible_connection")
+
+
+def _load_model():
+    name = "trainyard_cluster_model"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _untyped_source(value) -> bool:
+    """True when Ansible read the value from a source that cannot carry types (-e key=value, INI)."""
+    try:
+        from ansible._internal._datatag._tags import Origin  # ansible-core >= 2.19
+    except ImportError:  # pragma: no cover - older ansible-core: strict everywhere
+        return False
+    origin = Origin.get_tag(value)
+    if origin is None:
+        return False
+    if origin.path is None:
+        return "CLI" in str(origin.description or "") or "-e" in str(origin.description or "")
+    path = Path(origin.path)
+    if path.suffix.lower() == ".ini":
+        return True
+    if path.suffix.lower() in (".yml", ".yaml", ".json"):
+        return False
+    return not any(part in ("group_vars", "host_vars") for part in path.parts)
+
+
+def _fact_names(variable_manager, host: str, hostvars_host) -> set:
+    names: set = set()
+    for cache_name in ("_fact_cache", "_nonpersistent_fact_cache"):
+        cache = getattr(variable_manager, cache_name, None)
+        try:
+            names.update((cache or {}).get(host) or {})
+        except Exception:  # noqa: BLE001 - a cache plugin may refuse; fall back to ansible_facts below
+            pass
+    try:
+        facts = hostvars_host.get("ansible_facts") or {}
+        names.update(facts)
+        names.update(f"ansible_{k}" for k in facts)
+    except Exception:  # noqa: BLE001 - no facts at all is fine
+        pass
+    return names
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        cm = _load_model()
+        args = self._task.args
+        group = args.get("group") or cm.TRAINERS
+        roles_dir = Path(args.get("roles_dir") or REPO / "roles")
+        removed = dict(args.get("removed") or {})
+        reserved = dict(args.get("reserved") or {})
+        patterns = list(args.get("bad_iface_patterns") or cm.BAD_IFACE_PATTERNS)
+
+        groups = {g: list(h) for g, h in (task_vars.get("groups") or {}).items()}
+        if group != cm.TRAINERS and group in groups:
+            groups[cm.TRAINERS] = groups[group]
+        hostvars = task_vars.get("hostvars")
+        variable_manager = getattr(hostvars, "_variable_manager", None)
+        try:
+            roles = cm.load_role_specs(roles_dir)
+        except Exception as exc:  # noqa: BLE001 - a broken spec file must name itself
+            raise AnsibleActionFail(f"cluster_validate: cannot read the argument specs under {roles_dir}: {exc}")
+        prefixes = cm.prefixes_for(roles)
+        import yaml
+
+        defaults_file = roles_dir / "cluster" / "defaults" / "main.yml"
+        defaults = (yaml.safe_load(defaults_file.read_text()) or {}) if defaults_file.is_file() else {}
+        # A reserved fact that a role documents as an input in its spec is a variable, not a fact.
+        documented = {v for r in roles.values() for v in r.get("options") or {}}
+        reserved = {k: v for k, v in reserved.items() if k not in documented}
+
+        user_vars: dict[str, dict] = {}
+        lenient: dict[str, set] = {}
+        for host in groups.get(cm.TRAINERS) or []:
+            hv = hostvars[host]
+            facts = _fact_names(variable_manager, host, hv)
+            picked: dict = {}
+            names = [n for n in hv.keys()
+                     if n not in facts and (n in HOST_VARS or n in removed or n in reserved
+                                            or cm.owner(n, prefixes) is not None)]
+            for name in names:
+                try:
+                    value = hv[name]
+                except Exception:  # noqa: BLE001 - a template that refers to role defaults resolves later
+                    continue
+                picked[name] = value
+                if _untyped_source(value):
+                    lenient.setdefault(host, set()).add(name)
+            user_vars[host] = picked
+
+        problems = cm.validate(groups, user_vars, roles=roles, defaults=defaults, removed=removed,
+                               reserved=reserved, lenient=lenient, bad_iface_patterns=patterns)
+        result["changed"] = False
+        result["problems"] = problems
+        if problems:
+            header = (f"Inventory validation: {len(problems)} problem(s); no host was contacted. "
+                      f"Fix them all, then rerun.")
+            display.display(header, color="red", stderr=True)
+            for line in problems:
+                display.display(f"  {line}", color="red", stderr=True)
+            result["failed"] = True
+            result["msg"] = header + "\n" + "\n".join(problems)
+            return result
+
+        hosts = groups[cm.TRAINERS]
+        plain = {h: {k: cm._plain(v) for k, v in user_vars[h].items()} for h in hosts}
+        for h in hosts:
+            for var in lenient.get(h, ()):
+                spec = next((r["options"].get(var) for r in roles.values() if var in r.get("options", {})), None)
+                typ = (spec or {}).get("type", "int" if var == "node_rank" else "str")
+                plain[h][var] = cm._coerce(plain[h][var], typ)
+        models = cm.compute_models(hosts, plain, defaults)
+        result["models"] = models
+        result["hosts_by_rank"] = models[hosts[0]]["hosts_by_rank"]
+        result["msg"] = (f"{len(hosts)} trainers, {models[hosts[0]]['nproc_per_node']} processes each, "
+                         f"world size {models[hosts[0]]['world_size']}, head {models[hosts[0]]['head']} "
+                         f"({models[hosts[0]]['master_addr']}:{models[hosts[0]]['master_port']})")
+        return result

@@ -1,0 +1,680 @@
+# -*- coding: utf-8 -*-
+"""The cluster model and the inventory checks, as pure functions (stdlib + PyYAML only).
+
+One place computes node rank, nnodes and world size (``compute_models``); one place checks the inventory
+before any host is contacted (``validate``). The action plugin ``cluster_validate`` feeds both with the
+trainers' variables; the unit tests call them directly.
+
+Every problem is one line that starts with "Stop if", names the host(s), the variable and the bad value,
+and says how to fix it. ``validate`` returns all of them at once.
+
+Typing rules (documented in roles/cluster/README.md):
+  * Values from YAML/JSON sources (group_vars, host_vars, YAML inventories, ``-e @file``, ``-e '{json}'``)
+    are strict: ``"8"`` where an int is needed is an error, ``"yes"`` where a bool is needed is an error.
+  * Values from sources that cannot carry types (``-e key=value`` on the command line, ``[group:vars]``
+    and host lines of INI inventories) are converted the way Ansible's argument spec does: decimal digits
+    to int, true/false/yes/no/on/off/1/0 to bool. Such values are passed in ``lenient``.
+  * An int or float is accepted where a str is expected (it converts without loss); a bool is not.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+TRAINERS = "trainers"
+KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "container_", "nccl_env_",
+                  "deepspeed_config_", "train_args_", "launch_", "janitor_")
+# Cluster variables that may differ between nodes; every other cluster_* value must be the same everywhere.
+PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface"})
+MTU_RANGE = (1280, 9216)
+PORT_RANGE = (1024, 65535)
+BAD_IFACE_PATTERNS = (r"lo", r"docker.*", r"veth.*", r"br-.*", r"virbr.*", r"cni.*", r"flannel.*", r"cali.*",
+                      r"vxlan.*", r"tunl.*", r"kube-.*", r"weave.*", r"lxcbr.*", r"lxdbr.*", r"podman.*",
+                      r"cilium.*", r"genev_sys.*", r"vnet.*")
+# Paths the job's output (which the janitor prunes) or its state must never be.
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
+                         "/sys", "/usr", "/var", "/home", "/tmp", "/opt", "/srv", "/mnt"})
+PATH_VARS = ("cluster_output_root", "cluster_shared_root", "cluster_code_dir", "cluster_state_dir")
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+IFACE_RE = re.compile(r"^[^\s/:]{1,15}$")
+HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_TRUE = ("true", "yes", "on", "1", "y", "t")
+_FALSE = ("false", "no", "off", "0", "n", "f")
+MAX_HOSTS_NAMED = 8
+
+
+# --------------------------------------------------------------------------------------------- problems
+@dataclass
+class Problem:
+    """One finding. Findings that differ only by host are merged into one line naming every host."""
+
+    what: str                       # the condition, after "Stop if "
+    fix: str
+    var: str = ""
+    value: Any = None
+    hosts: list = field(default_factory=list)
+    has_value: bool = False
+
+    def key(self) -> tuple:
+        return (self.what, self.fix, self.var, _show(self.value) if self.has_value else None)
+
+    def line(self, all_hosts: Iterable[str] = ()) -> str:
+        where = ""
+        if self.hosts:
+            hosts = list(dict.fromkeys(self.hosts))
+            all_hosts = list(all_hosts)
+            if len(all_hosts) > 1 and sorted(hosts) == sorted(all_hosts):
+                where = f" on all {len(hosts)} trainers"
+            elif len(hosts) > MAX_HOSTS_NAMED:
+                where = f" on {', '.join(hosts[:MAX_HOSTS_NAMED])} and {len(hosts) - MAX_HOSTS_NAMED} more"
+            else:
+                where = f" on {', '.join(hosts)}"
+        value = f" ({self.var} = {_show(self.value)})" if self.has_value else ""
+        return f"Stop if {self.what}{where}{value}. Fix: {self.fix}"
+
+
+def _show(value: Any) -> str:
+    """The value as the user wrote it: strings quoted, so "8" and 8 look different."""
+    if isinstance(value, str):
+        return repr(str(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null (empty)"
+    text = repr(_plain(value))
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """Strip Ansible's tagged types so reprs are readable."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def merge(problems: Iterable[Problem]) -> list[Problem]:
+    out: dict[tuple, Problem] = {}
+    for p in problems:
+        k = p.key()
+        if k in out:
+            out[k].hosts.extend(h for h in p.hosts if h not in out[k].hosts)
+        else:
+            out[k] = Problem(p.what, p.fix, p.var, p.value, list(p.hosts), p.has_value)
+    return list(out.values())
+
+
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    n = nearest(name, candidates)
+    return f"did you mean '{n}'?" if n else "no similar name exists"
+
+
+# --------------------------------------------------------------------------------------------- specs
+def load_role_specs(roles_dir: str | Path) -> dict[str, dict]:
+    """{role: {"options": {var: spec}, "defaults": set(var)}} from every roles/*/meta/argument_specs.yml.
+
+    Options of every entry point are merged, the main entry point winning; names in defaults/main.yml that
+    no spec types are known (untyped), so they are not reported as unknown.
+    """
+    import yaml  # controller side only
+
+    roles: dict[str, dict] = {}
+    for spec_file in sorted(Path(roles_dir).glob("*/meta/argument_specs.y*ml")):
+        role = spec_file.parent.parent.name
+        data = yaml.safe_load(spec_file.read_text()) or {}
+        entry_points = (data.get("argument_specs") or {}) if isinstance(data, dict) else {}
+        options: dict[str, dict] = {}
+        for ep_name in sorted(entry_points, key=lambda n: n == "main"):  # main last: it wins
+            for var, spec in ((entry_points[ep_name] or {}).get("options") or {}).items():
+                options[var] = spec if isinstance(spec, dict) else {}
+        defaults: set[str] = set()
+        for dflt in ("defaults/main.yml", "defaults/main.yaml"):
+            f = spec_file.parent.parent / dflt
+            if f.is_file():
+                loaded = yaml.safe_load(f.read_text()) or {}
+                if isinstance(loaded, dict):
+                    defaults.update(loaded)
+        roles[role] = {"options": options, "defaults": defaults}
+    return roles
+
+
+def prefixes_for(roles: Mapping[str, dict]) -> dict[str, str]:
+    """{prefix: role}: the known prefixes plus one per role that has a spec."""
+    out = {p: p[:-1] for p in KNOWN_PREFIXES}
+    for role in roles:
+        out[f"{role}_"] = role
+    return out
+
+
+def owner(var: str, prefixes: Mapping[str, str]) -> str | None:
+    """The role whose prefix is the longest match of var (nccl_env_x → nccl_env, not a shorter one)."""
+    best = None
+    for prefix in prefixes:
+        if var.startswith(prefix) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return prefixes[best] if best else None
+
+
+# --------------------------------------------------------------------------------------------- typing
+def _coerce(value: Any, typ: str) -> Any:
+    """Ansible's own conversion for values from untyped sources (INI, -e key=value)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if typ == "int" and re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    if typ == "float" and re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", text):
+        return float(text)
+    if typ == "bool" and text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    return value
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, Mapping):
+        return "dict"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+_NAMES = {"str": "string", "int": "integer", "bool": "boolean", "float": "number", "dict": "mapping",
+          "list": "list", "path": "path (string)", "null": "null"}
+
+
+def _a(typ: str) -> str:
+    name = _NAMES.get(typ, typ)
+    return ("an " if name[:1] in "aeiou" else "a ") + name
+
+
+def _type_fix(var: str, value: Any, typ: str) -> str:
+    if typ == "int" and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return f"write {var}: {value.strip()} without quotes"
+    if typ == "int" and isinstance(value, float) and value.is_integer():
+        return f"write {var}: {int(value)} (a whole number)"
+    if typ == "bool" and isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return f"write {var}: {'true' if value.strip().lower() in _TRUE else 'false'} without quotes"
+    if typ == "float" and isinstance(value, str):
+        return f"write {var} as a number without quotes"
+    if typ == "list":
+        return f"write {var} as a YAML list (- item per line, or [a, b])"
+    if typ == "dict":
+        return f"write {var} as a YAML mapping (key: value)"
+    return f"give {var} a value of type {typ}"
+
+
+def type_ok(value: Any, typ: str) -> bool:
+    if typ in ("raw", "", None) or callable(typ):
+        return True
+    if typ == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typ == "bool":
+        return isinstance(value, bool)
+    if typ in ("str", "path"):
+        return isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    if typ == "list":
+        return isinstance(value, (list, tuple))
+    if typ == "dict":
+        return isinstance(value, Mapping)
+    if typ in ("jsonarg", "json"):
+        return isinstance(value, (str, Mapping, list, tuple))
+    if typ in ("bytes", "bits"):
+        return isinstance(value, (str, int)) and not isinstance(value, bool)
+    return True
+
+
+def check_value(var: str, value: Any, spec: Mapping, host: str, lenient: bool = False) -> list[Problem]:
+    """Type, choices and nested options of one value against its argument spec entry (recursive)."""
+    problems: list[Problem] = []
+    typ = spec.get("type", "str") if isinstance(spec.get("type", "str"), str) else "raw"
+    if lenient:
+        value = _coerce(value, typ)
+    if value is None and typ not in ("raw",):
+        # An empty YAML value ("var:" with nothing after it) is almost always a mistake.
+        problems.append(Problem(f"{var} is empty (null) but must be {_a(typ)}", _type_fix(var, value, typ), var, value,
+                                [host], True))
+        return problems
+    if not type_ok(value, typ):
+        problems.append(Problem(f"{var} is {_a(_type_name(value))} but must be {_a(typ)}", _type_fix(var, value, typ),
+                                var, value, [host], True))
+        return problems
+    choices = spec.get("choices")
+    if choices and typ != "list":
+        if _plain(value) not in [_plain(c) for c in choices]:
+            n = nearest(str(value), [str(c) for c in choices])
+            hint = f" ('{n}'?)" if n else ""
+            problems.append(Problem(f"{var} is not one of {', '.join(map(str, choices))}",
+                                    f"set {var} to one of: {', '.join(map(str, choices))}{hint}", var, value,
+                                    [host], True))
+    if typ == "list":
+        elements = spec.get("elements")
+        for i, item in enumerate(value):
+            sub = {"type": elements or "raw", "options": spec.get("options"), "choices": choices}
+            problems += check_value(f"{var}[{i}]", item, sub, host, lenient)
+    elif typ == "dict" and isinstance(spec.get("options"), Mapping):
+        problems += _check_options(var, value, spec["options"], host, lenient)
+    return problems
+
+
+def _check_options(var: str, value: Mapping, options: Mapping, host: str, lenient: bool) -> list[Problem]:
+    problems: list[Problem] = []
+    for key, item in value.items():
+        if key not in options:
+            problems.append(Problem(f"{var} has the unknown key '{key}'",
+                                    f"{_did_you_mean(str(key), options)} Valid keys: {', '.join(sorted(options))}",
+                                    f"{var}.{key}", item, [host], True))
+            continue
+        problems += check_value(f"{var}.{key}", item, options[key] or {}, host, lenient)
+    for key, sub in options.items():
+        if (sub or {}).get("required") and key not in value:
+            problems.append(Problem(f"{var} lacks the required key '{key}'", f"add {key} to {var}", var, value,
+                                    [host], True))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def address_problem(text: Any) -> str | None:
+    """Why text is not a usable address (IPv4/IPv6 or DNS name), or None."""
+    if not isinstance(text, str) or not text.strip():
+        return "is empty or not a string"
+    text = text.strip()
+    if re.fullmatch(r"[\d.]+", text) or ":" in text:
+        if not _is_ip(text):
+            return "is not a valid IP address"
+        ip = ipaddress.ip_address(text)
+        if ip.is_unspecified or ip.is_multicast:
+            return "is not a unicast address"
+        return None
+    if not HOSTNAME_RE.match(text):
+        return "is neither an IP address nor a valid host name"
+    return None
+
+
+def bad_iface(name: str, patterns: Iterable[str] = BAD_IFACE_PATTERNS) -> str | None:
+    for pat in patterns:
+        if re.fullmatch(pat, name):
+            return pat
+    return None
+
+
+def _norm_path(p: str) -> str:
+    p = re.sub(r"/+", "/", p.strip())
+    return p.rstrip("/") or "/"
+
+
+# --------------------------------------------------------------------------------------------- model
+def effective(var: str, host_vars: Mapping, defaults: Mapping) -> Any:
+    return host_vars[var] if var in host_vars else defaults.get(var)
+
+
+def order_hosts(hosts: list[str], ranks: Mapping[str, Any]) -> list[str]:
+    """hosts_by_rank: by node_rank where every host has one, else inventory order."""
+    if hosts and all(isinstance(ranks.get(h), int) and not isinstance(ranks.get(h), bool) for h in hosts):
+        return sorted(hosts, key=lambda h: ranks[h])
+    return list(hosts)
+
+
+def data_address(host: str, host_vars: Mapping) -> str:
+    addr = host_vars.get("data_address") or host_vars.get("ansible_host") or host
+    return str(addr).strip()
+
+
+def compute_models(hosts: list[str], hostvars: Mapping[str, Mapping], defaults: Mapping | None = None) -> dict:
+    """{host: cluster_model} for every trainer. Assumes validate() found no problem."""
+    defaults = defaults or {}
+    ranks = {h: hostvars[h].get("node_rank") for h in hosts}
+    by_rank = order_hosts(hosts, ranks)
+    head = by_rank[0]
+    hv_head = hostvars[head]
+    gpus = int(effective("cluster_gpus_per_node", hv_head, defaults) or 0)
+    nproc = effective("cluster_nproc_per_node", hv_head, defaults)
+    nproc = int(nproc) if _is_int_like(nproc) else (gpus or 1)
+    master = effective("cluster_master_addr", hv_head, defaults) or data_address(head, hv_head)
+    port = int(effective("cluster_rendezvous_port", hv_head, defaults) or 39500)
+    nnodes = len(by_rank)
+    return {
+        h: {
+            "node_rank": by_rank.index(h),
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "world_size": nnodes * nproc,
+            "head": head,
+            "master_addr": str(master),
+            "master_port": port,
+            "hosts_by_rank": list(by_rank),
+            "data_address": data_address(h, hostvars[h]),
+        }
+        for h in hosts
+    }
+
+
+def _is_int_like(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.strip().isdigit())
+
+
+# --------------------------------------------------------------------------------------------- validate
+def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles: Mapping[str, dict] | None = None,
+             defaults: Mapping | None = None, removed: Mapping[str, Mapping] | None = None,
+             reserved: Mapping[str, str] | None = None, lenient: Mapping[str, Iterable[str]] | None = None,
+             bad_iface_patterns: Iterable[str] = BAD_IFACE_PATTERNS) -> list[str]:
+    """Every problem of the inventory, as "Stop if …" lines (empty list: the inventory is good).
+
+    groups: inventory groups ({group: [hosts]}); hostvars: {host: {var: value}} of the variables the user set
+    (inventory, group_vars, host_vars, extra vars; no facts). roles: load_role_specs(); defaults: the cluster
+    role's defaults; removed: {old_name: {"new": name, "note": text}}; reserved: {fact: role that sets it};
+    lenient: {host: names whose values came from an untyped source (INI, -e key=value)}.
+    """
+    roles = roles or {}
+    defaults = dict(defaults or {})
+    removed = removed or {}
+    reserved = reserved or {}
+    lenient = {h: set(v) for h, v in (lenient or {}).items()}
+    problems: list[Problem] = []
+
+    # ---- the trainers group
+    if TRAINERS not in groups:
+        other = [g for g in groups if g not in ("all", "ungrouped")]
+        n = nearest(TRAINERS, other)
+        hint = f" (the group '{n}' looks like a typo of it)" if n else ""
+        return [Problem(f"the inventory has no group '{TRAINERS}'{hint}",
+                        f"put the training nodes under all.children.{TRAINERS}.hosts (YAML) or [{TRAINERS}] (INI)"
+                        ).line()]
+    hosts = list(groups.get(TRAINERS) or [])
+    if not hosts:
+        return [Problem(f"the group '{TRAINERS}' has no hosts",
+                        f"add the training nodes to the group '{TRAINERS}'").line()]
+
+    specs = {role: r.get("options") or {} for role, r in roles.items()}
+    known = {role: set(r.get("options") or {}) | set(r.get("defaults") or ()) for role, r in roles.items()}
+    prefixes = prefixes_for(roles)
+
+    # ---- per-host variables: removed, reserved, unknown, typing
+    typed: dict[str, dict[str, Any]] = {}
+    for h in hosts:
+        hv = hostvars.get(h) or {}
+        typed[h] = {}
+        for var in sorted(hv):
+            value = hv[var]
+            if var in removed:
+                info = removed[var] or {}
+                new = info.get("new") or ""
+                note = info.get("note") or ""
+                fix = (f"rename {var} to {new}" if new else f"remove {var}") + (f" ({note})" if note else "")
+                problems.append(Problem(f"the removed variable {var} is set", fix, var, value, [h], True))
+                continue
+            if var in reserved:
+                problems.append(Problem(f"{var} is set in the inventory but is a fact computed by the role "
+                                        f"{reserved[var]}", f"remove {var} from the inventory", var, value, [h], True))
+                continue
+            role = owner(var, prefixes)
+            if role is None:
+                continue
+            if role not in known:
+                continue  # that role has no spec (yet): nothing to check against
+            if var not in known[role]:
+                problems.append(Problem(f"{var} is not a variable of the role {role}",
+                                        _did_you_mean(var, known[role]) + " (see roles/" + role
+                                        + "/meta/argument_specs.yml)", var, value, [h], True))
+                continue
+            spec = specs[role].get(var)
+            if spec is None:
+                typed[h][var] = value
+                continue
+            found = check_value(var, value, spec, h, lenient=var in lenient.get(h, ()))
+            problems += found
+            if not found:
+                typed[h][var] = _coerce(value, spec.get("type", "str")) if var in lenient.get(h, ()) else value
+
+    # ---- host identity: node_rank, addresses
+    problems += _check_ranks(hosts, hostvars, lenient)
+    problems += _check_addresses(hosts, hostvars)
+
+    # ---- cluster variables: uniform across nodes, then their values
+    cluster_vars = sorted({v for h in hosts for v in (hostvars.get(h) or {}) if v.startswith("cluster_")})
+    for var in cluster_vars:
+        if var in PER_HOST_CLUSTER_VARS or var in removed or var in reserved:
+            continue
+        seen: dict[str, list[str]] = {}
+        for h in hosts:
+            hv = hostvars.get(h) or {}
+            shown = _show(typed[h].get(var, hv.get(var))) if var in hv else f"{_show(defaults.get(var))} (default)"
+            seen.setdefault(shown, []).append(h)
+        if len(seen) > 1:
+            detail = "; ".join(f"{', '.join(hs[:4])}{' …' if len(hs) > 4 else ''} = {v}" for v, hs in seen.items())
+            problems.append(Problem(f"{var} differs between trainers ({detail})",
+                                    f"set {var} once for the cluster (group_vars/all.yml or the trainers group), "
+                                    "not per host"))
+
+    head = order_hosts(hosts, {h: (hostvars.get(h) or {}).get("node_rank") for h in hosts})[0]
+    for h in hosts:
+        problems += _check_cluster_values(h, head, hosts, typed[h], hostvars, defaults, bad_iface_patterns)
+
+    merged = merge(problems)
+    return [p.line(hosts) for p in merged]
+
+
+def _check_ranks(hosts: list[str], hostvars: Mapping, lenient: Mapping) -> list[Problem]:
+    problems: list[Problem] = []
+    n = len(hosts)
+    given: dict[str, int] = {}
+    for h in hosts:
+        hv = hostvars.get(h) or {}
+        if "node_rank" not in hv:
+            continue
+        raw = hv["node_rank"]
+        value = _coerce(raw, "int") if "node_rank" in lenient.get(h, ()) else raw
+        if not isinstance(value, int) or isinstance(value, bool):
+            problems.append(Problem(f"node_rank is {_a(_type_name(raw))}, not an integer", _type_fix("node_rank", raw, "int")
+                                    + f" (a whole number from 0 to {n - 1})", "node_rank", raw, [h], True))
+            continue
+        if not 0 <= value < n:
+            problems.append(Problem(f"node_rank is out of range 0..{n - 1} ({n} trainers)",
+                                    f"give each of the {n} trainers a distinct node_rank from 0 to {n - 1}, "
+                                    "or remove node_rank everywhere to rank hosts in inventory order",
+                                    "node_rank", raw, [h], True))
+            continue
+        given[h] = value
+    with_rank = [h for h in hosts if "node_rank" in (hostvars.get(h) or {})]
+    if with_rank and len(with_rank) < n:
+        missing = [h for h in hosts if h not in with_rank]
+        problems.append(Problem(f"node_rank is set on some trainers ({', '.join(with_rank[:MAX_HOSTS_NAMED])}) "
+                                f"but not on {', '.join(missing[:MAX_HOSTS_NAMED])}"
+                                f"{' …' if len(missing) > MAX_HOSTS_NAMED else ''}",
+                                "set node_rank on every trainer (a permutation of 0.."
+                                f"{n - 1}) or on none (inventory order)"))
+    by_value: dict[int, list[str]] = {}
+    for h, r in given.items():
+        by_value.setdefault(r, []).append(h)
+    for r, hs in sorted(by_value.items()):
+        if len(hs) > 1:
+            free = sorted(set(range(n)) - set(by_value))
+            problems.append(Problem(f"node_rank {r} is given to more than one trainer ({', '.join(hs)})",
+                                    "give each trainer its own node_rank"
+                                    + (f"; unused ranks: {', '.join(map(str, free))}" if free else ""),
+                                    "node_rank", r, [], True))
+    return problems
+
+
+def _check_addresses(hosts: list[str], hostvars: Mapping) -> list[Problem]:
+    problems: list[Problem] = []
+    ssh_targets: dict[tuple, list[str]] = {}
+    data_targets: dict[str, list[str]] = {}
+    for h in hosts:
+        hv = hostvars.get(h) or {}
+        if "ansible_host" in hv:
+            why = address_problem(hv["ansible_host"])
+            if why:
+                problems.append(Problem(f"ansible_host {why}", "set ansible_host to the node's management IP "
+                                        "address or DNS name", "ansible_host", hv["ansible_host"], [h], True))
+        if "data_address" in hv:
+            why = address_problem(hv["data_address"])
+            if why:
+                problems.append(Problem(f"data_address {why}", "set data_address to the node's address on the data "
+                                        "network (or remove it to use ansible_host)", "data_address",
+                                        hv["data_address"], [h], True))
+        target = str(hv.get("ansible_host") or h).strip().lower()
+        port = hv.get("ansible_port", 22)
+        conn = str(hv.get("ansible_connection") or "ssh")
+        if conn not in ("local", "docker", "community.docker.docker"):
+            ssh_targets.setdefault((target, str(port)), []).append(h)
+        data_targets.setdefault(data_address(h, hv).lower(), []).append(h)
+    for (target, port), hs in ssh_targets.items():
+        if len(hs) > 1:
+            problems.append(Problem(f"the inventory names {', '.join(hs)} all reach the same address "
+                                    f"{target} (port {port})",
+                                    "give each node its own ansible_host (one inventory name per machine)"))
+    for addr, hs in data_targets.items():
+        if len(hs) > 1:
+            problems.append(Problem(f"the trainers {', '.join(hs)} have the same data address {addr}",
+                                    "set data_address (or ansible_host) of each node to its own address on the "
+                                    "data network"))
+    return problems
+
+
+def _check_cluster_values(h: str, head: str, hosts: list[str], typed: Mapping, hostvars: Mapping,
+                          defaults: Mapping, bad_iface_patterns: Iterable[str]) -> list[Problem]:
+    """Range and consistency checks of the cluster_* values that passed the type check."""
+    problems: list[Problem] = []
+    hv = hostvars.get(h) or {}
+
+    def val(var: str) -> tuple[bool, Any]:
+        """(set here and well typed, value); values that failed typing are not checked twice."""
+        if var in typed:
+            return True, typed[var]
+        if var in hv:
+            return False, None
+        return var in defaults and not _templated(defaults.get(var)), defaults.get(var)
+
+    ok, mtu = val("cluster_data_mtu")
+    if ok and isinstance(mtu, int) and not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]:
+        problems.append(Problem(f"cluster_data_mtu is outside {MTU_RANGE[0]}–{MTU_RANGE[1]}",
+                                "set cluster_data_mtu to 9000 (jumbo frames) or 1500", "cluster_data_mtu", mtu,
+                                [h], True))
+    ok, port = val("cluster_rendezvous_port")
+    if ok and isinstance(port, int) and not PORT_RANGE[0] <= port <= PORT_RANGE[1]:
+        problems.append(Problem(f"cluster_rendezvous_port is outside {PORT_RANGE[0]}–{PORT_RANGE[1]}",
+                                "choose an unprivileged free port, e.g. 39500", "cluster_rendezvous_port", port,
+                                [h], True))
+    ok_g, gpus = val("cluster_gpus_per_node")
+    if ok_g and isinstance(gpus, int) and gpus < 0:
+        problems.append(Problem("cluster_gpus_per_node is negative", "set it to the GPUs per node (0 for CPU-only)",
+                                "cluster_gpus_per_node", gpus, [h], True))
+    ok_n, nproc = val("cluster_nproc_per_node")
+    if "cluster_nproc_per_node" in typed and isinstance(nproc, int):
+        if nproc < 1:
+            problems.append(Problem("cluster_nproc_per_node is less than 1",
+                                    "set it to the processes per node (at least 1), or remove it to use "
+                                    "cluster_gpus_per_node", "cluster_nproc_per_node", nproc, [h], True))
+        elif ok_g and isinstance(gpus, int) and gpus > 0 and nproc > gpus:
+            problems.append(Problem(f"cluster_nproc_per_node is more than cluster_gpus_per_node ({gpus})",
+                                    f"use at most one process per GPU: cluster_nproc_per_node <= {gpus}",
+                                    "cluster_nproc_per_node", nproc, [h], True))
+    elif "cluster_nproc_per_node" not in hv and ok_g and gpus == 0:
+        problems.append(Problem("cluster_gpus_per_node is 0 and cluster_nproc_per_node is not set",
+                                "set cluster_nproc_per_node (processes per node) for a CPU-only cluster",
+                                "cluster_gpus_per_node", gpus, [h], True))
+
+    ok, iface = val("cluster_data_iface")
+    if ok and isinstance(iface, str) and iface.strip():
+        name = iface.strip()
+        pat = bad_iface(name, bad_iface_patterns)
+        if pat:
+            problems.append(Problem("cluster_data_iface is loopback or a container/VM bridge interface "
+                                    f"(matches {pat})",
+                                    "set it to the physical data NIC (e.g. eth1, ens1f0, ib0) or leave it empty "
+                                    "to detect it", "cluster_data_iface", iface, [h], True))
+        elif not IFACE_RE.match(name) or name != iface:
+            problems.append(Problem("cluster_data_iface is not a valid interface name (1-15 characters, no "
+                                    "spaces, '/' or ':')", "set it to the name `ip link` shows, e.g. eth1",
+                                    "cluster_data_iface", iface, [h], True))
+
+    if h == head:
+        ok, master = val("cluster_master_addr")
+        if ok and isinstance(master, str) and master.strip():
+            head_addr = data_address(head, hostvars.get(head) or {})
+            if master.strip().lower() != head_addr.lower():
+                other = [x for x in hosts if data_address(x, hostvars.get(x) or {}).lower() == master.strip().lower()
+                         or str((hostvars.get(x) or {}).get("ansible_host") or x).lower() == master.strip().lower()]
+                which = (f" (that is {other[0]}, not the head)" if other and other[0] != head else "")
+                problems.append(Problem(f"cluster_master_addr is not the data address of the head {head} "
+                                        f"({head_addr}){which}",
+                                        f"remove cluster_master_addr (it defaults to the head's data address) or set "
+                                        f"it to {head_addr}; to make another node the head give it node_rank 0",
+                                        "cluster_master_addr", master, [h], True))
+
+    for var in PATH_VARS:
+        ok, path = val(var)
+        if not ok or not isinstance(path, str):
+            continue
+        if not path.strip():
+            problems.append(Problem(f"{var} is empty", f"set {var} to an absolute path", var, path, [h], True))
+        elif not path.startswith("/"):
+            problems.append(Problem(f"{var} is not an absolute path", f"set {var} to an absolute path, e.g. "
+                                    f"/{path.strip().lstrip('./')}", var, path, [h], True))
+        elif var in ("cluster_output_root", "cluster_state_dir") and _norm_path(path) in SYSTEM_DIRS:
+            problems.append(Problem(f"{var} is a system directory (the job writes and prunes there)",
+                                    f"use a directory of its own, e.g. {_norm_path(path).rstrip('/')}/trainyard",
+                                    var, path, [h], True))
+    ok_o, out = val("cluster_output_root")
+    ok_s, shared = val("cluster_shared_root")
+    if ok_o and ok_s and isinstance(out, str) and isinstance(shared, str) and out.startswith("/") \
+            and shared.startswith("/") and _norm_path(out) == _norm_path(shared):
+        problems.append(Problem("cluster_output_root and cluster_shared_root are the same directory (outputs are "
+                                "node-local and pruned; the shared root holds models and data)",
+                                "give the outputs their own directory", "cluster_output_root", out, [h], True))
+
+    ok, job = val("cluster_job_name")
+    if ok and isinstance(job, str) and not JOB_NAME_RE.match(job):
+        problems.append(Problem("cluster_job_name is not a valid job name (letters, digits, '_', '.', '-'; "
+                                "starts with a letter or digit; at most 63 characters)",
+                                "use a name like llama-lora (it names the container and a directory)",
+                                "cluster_job_name", job, [h], True))
+    ok, run_dir = val("cluster_run_dir")
+    if "cluster_run_dir" in typed and isinstance(run_dir, str) and not run_dir.strip():
+        problems.append(Problem("cluster_run_dir is empty", "remove it (default: runs/<timestamp> in the "
+                                "repository) or set a directory on the controller", "cluster_run_dir", run_dir,
+                                [h], True))
+    return problems
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
