@@ -1,0 +1,127 @@
+"""The network role's module internals on this machine, for real: the probe listener (detached, ends itself,
+stopped by PID + start time), the port holder lookup through /proc, connect outcomes (ok, refused, timeout),
+and the role's filters."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+import netcheck
+from conftest import load
+
+# The modules import their shared code as ansible.module_utils.netcheck (AnsiballZ bundles it on the node).
+import ansible.module_utils  # noqa: E402
+
+sys.modules.setdefault("ansible.module_utils.netcheck", netcheck)
+port_check = load("library/port_check.py", "port_check_mod")
+filters = load("roles/network/filter_plugins/network_filters.py", "network_filters")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def gone(pid: int, ticks: int) -> bool:
+    st = port_check.proc_stat(pid)
+    return st is None or st["start_ticks"] != ticks or st["state"] == "Z"
+
+
+def test_listener_accepts_then_is_stopped_and_the_port_is_free_again():
+    port = free_port()
+    lst = port_check.start_listener("127.0.0.1", port, 30, 0)
+    assert lst["listening"], lst
+    try:
+        assert lst["pid"] != os.getpid() and lst["start_ticks"] > 0
+        holders, verdict, _ = port_check.inspect(port, "")
+        assert verdict["state"] == "other" and holders[0]["pid"] == lst["pid"]
+        assert port_check.connect("127.0.0.1", port, 2.0)[0] == "ok"
+    finally:
+        assert port_check.terminate(lst["pid"], lst["start_ticks"], 2.0)
+    deadline = time.time() + 5
+    while not gone(lst["pid"], lst["start_ticks"]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert gone(lst["pid"], lst["start_ticks"])
+    assert port_check.inspect(port, "")[1]["state"] == "free"
+    assert port_check.connect("127.0.0.1", port, 2.0)[0] == "refused"
+
+
+def test_listener_ends_itself_after_the_expected_connections():
+    port = free_port()
+    lst = port_check.start_listener("127.0.0.1", port, 30, 1)
+    assert lst["listening"]
+    assert port_check.connect("127.0.0.1", port, 2.0)[0] == "ok"
+    deadline = time.time() + 5
+    while not gone(lst["pid"], lst["start_ticks"]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert gone(lst["pid"], lst["start_ticks"]), "listener still alive after its one expected connection"
+
+
+def test_listener_reports_an_address_that_is_not_ours():
+    lst = port_check.start_listener("198.51.100.77", free_port(), 5, 0)
+    assert not lst["listening"] and "cannot listen" in lst["reason"]
+
+
+def test_terminate_refuses_a_pid_whose_start_time_differs():
+    st = port_check.proc_stat(os.getpid())
+    assert not port_check.terminate(os.getpid(), st["start_ticks"] + 1, 0.1)
+
+
+def test_holder_of_our_own_socket_and_ownership_by_state_file(tmp_path):
+    port = free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen()
+    try:
+        holders, verdict, _ = port_check.inspect(port, "")
+        assert holders[0]["pid"] == os.getpid() and verdict["state"] == "other"
+        assert "pytest" in holders[0]["command"] or "python" in holders[0]["command"]
+        me = port_check.proc_stat(os.getpid())
+        state = tmp_path / "launch.json"
+        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"], me["start_ticks"]))
+        assert port_check.inspect(port, str(state))[1]["state"] == "ours"
+        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"],
+                                                                         me["start_ticks"] - 1))
+        assert port_check.inspect(port, str(state))[1]["state"] == "other"  # PID reuse guard
+    finally:
+        srv.close()
+
+
+# --------------------------------------------------------------------------- filters
+
+HV = {"n1": {"network_iface": "eth1", "network_address": "10.0.0.1", "_network_mtu": 9000},
+      "n2": {"network_iface": "eth1", "network_address": "10.0.0.2", "_network_mtu": 9000},
+      "n3": {"network_iface": "ens5", "network_address": "", "_network_mtu": 1500}}
+
+
+def test_peers_leave_out_self_and_nodes_without_an_address():
+    assert filters.network_peers(HV, ["n1", "n2", "n3"], "n1") == [{"name": "n2", "address": "10.0.0.2"}]
+
+
+def test_uniformity_filter():
+    u = filters.network_uniformity(HV, ["n1", "n2", "n3"])
+    assert not u["uniform"] and "ens5 on n3" in u["detail"]
+
+
+def test_path_diagnosis_filter_gives_the_row_and_both_mtus():
+    probes = {"n2": {"address": "10.0.0.2", "full": {"ok": True, "outcome": "ok"}, "base": {"ok": True, "outcome": "ok"}},
+              "n3": {"address": "10.0.0.3", "full": {"ok": False, "outcome": "lost"}, "base": {"ok": True, "outcome": "ok"}}}
+    v = filters.network_path_diagnosis(probes, "n1", HV, ["n1", "n2", "n3"], 9000)
+    assert not v["ok"] and v["pairwise"]["path_mtu"] == {"n2": True, "n3": False}
+    assert "MTU n1 eth1 9000, n3 ens5 1500" in v["detail"] and v["fix"].startswith("on n3: ip link set dev ens5")
+    ok = filters.network_path_diagnosis({"n2": probes["n2"]}, "n1", HV, ["n1", "n2"], 9000)
+    assert ok["ok"] and ok["fix"] == "" and "1 peer pass 8972" in ok["detail"]
+
+
+@pytest.mark.parametrize("current,ok", [(9000, True), ("9000", True), (1500, False), (None, False)])
+def test_mtu_verdict_filter(current, ok):
+    assert filters.network_mtu_verdict(current, "n1", "eth1", 9000, False)["ok"] is ok
