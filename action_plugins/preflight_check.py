@@ -14,9 +14,14 @@ description:
     prints them as a node x check table and fails the run when any check failed.
 options:
   check:
-    description: Name of the check, C(<role>.<what>), e.g. C(network.mtu).
+    description: Name of the check, C(<role>.<what>), e.g. C(network.mtu). Required unless I(records) is given.
     type: str
-    required: true
+  records:
+    description:
+      - Several checks at once, each a dict with the options below (C(check), C(ok) or C(status), C(detail),
+        C(fix), C(data)); one task instead of one per check.
+    type: list
+    elements: dict
   ok:
     description: Whether the check passed. Ignored when I(status) is given.
     type: bool
@@ -44,6 +49,12 @@ attributes:
 """
 
 EXAMPLES = r"""
+- name: Record several checks in one task
+  preflight_check:
+    records:
+      - {check: cluster.shm, ok: "{{ shm_ok }}", detail: "/dev/shm 64 MiB", fix: "enlarge /dev/shm"}
+      - {check: cluster.docker, status: skip, detail: "launch_runtime host"}
+
 - name: Record the MTU check
   preflight_check:
     check: network.mtu
@@ -54,9 +65,13 @@ EXAMPLES = r"""
 
 RETURN = r"""
 preflight_record:
-  description: The record that was appended.
+  description: The record that was appended (the last one with I(records)).
   returned: always
   type: dict
+preflight_records:
+  description: Every record appended by this task.
+  returned: always
+  type: list
 """
 
 from ansible.errors import AnsibleActionFail
@@ -75,6 +90,27 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self._task.args
+        if args.get("records") is not None:
+            if not isinstance(args["records"], list) or not all(isinstance(r, dict) for r in args["records"]):
+                raise AnsibleActionFail("preflight_check: 'records' must be a list of dicts (check, ok|status, ...)")
+            specs = list(args["records"])
+        else:
+            specs = [args]
+        host = task_vars.get("inventory_hostname")
+        records = [self._record(spec, host) for spec in specs]
+        names = {r["check"] for r in records}
+        previous = [r for r in task_vars.get(FACT) or [] if r.get("check") not in names]
+        result.update(
+            changed=False,
+            preflight_record=records[-1] if records else {},
+            preflight_records=records,
+            ansible_facts={FACT: previous + records},
+            _ansible_facts_cacheable=False,
+        )
+        return result
+
+    @staticmethod
+    def _record(args, host):
         check = args.get("check")
         if not check or not isinstance(check, str):
             raise AnsibleActionFail("preflight_check: 'check' is required, e.g. check: network.mtu")
@@ -83,23 +119,16 @@ class ActionModule(ActionBase):
             if "ok" not in args:
                 raise AnsibleActionFail(f"preflight_check {check}: give 'ok' (bool) or 'status'")
             status = "pass" if boolean(args["ok"], strict=False) else "fail"
+        status = str(status).strip()
         if status not in _STATUSES:
             raise AnsibleActionFail(
                 f"preflight_check {check}: status {status!r} is not one of {', '.join(_STATUSES)}"
             )
-        record = {
-            "host": task_vars.get("inventory_hostname"),
+        return {
+            "host": host,
             "check": check,
             "status": status,
-            "detail": str(args.get("detail") or ""),
-            "fix": str(args.get("fix") or "") if status != "pass" else "",
+            "detail": str(args.get("detail") or "").strip(),
+            "fix": str(args.get("fix") or "").strip() if status != "pass" else "",
             "data": args.get("data") or {},
         }
-        previous = [r for r in task_vars.get(FACT) or [] if r.get("check") != check]
-        result.update(
-            changed=False,
-            preflight_record=record,
-            ansible_facts={FACT: previous + [record]},
-            _ansible_facts_cacheable=False,
-        )
-        return result

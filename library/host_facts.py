@@ -1,0 +1,196 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""One read-only probe of a node's basics for the preflight report."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: host_facts
+short_description: Read a training node's basics in one round trip
+description:
+  - Reads, without changing anything, what the host-basics preflight checks need, in one module run
+    instead of one task per check.
+  - Free and total space of the filesystem that holds I(paths) (the nearest existing parent when a
+    path does not exist yet); size of C(/dev/shm); the locked-memory and open-files limits of the session;
+    the node's clock; the Python that runs the module; the docker CLI and whether the engine answers on its socket.
+  - The docker engine is asked over its Unix socket (C(GET /_ping), C(GET /version)); no command is run.
+options:
+  paths:
+    description: Paths whose filesystem space is reported, e.g. the output root.
+    type: list
+    elements: path
+    default: []
+  shm_path:
+    description: Shared-memory mount to measure.
+    type: path
+    default: /dev/shm
+  docker_socket:
+    description: Unix socket of the docker engine.
+    type: path
+    default: /var/run/docker.sock
+  clock_only:
+    description: Return only I(time) (a second, quick call on a warm connection measures the clock precisely).
+    type: bool
+    default: false
+  timeout:
+    description: Seconds to wait for the docker engine to answer.
+    type: float
+    default: 3.0
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Read the host basics
+  host_facts:
+    paths: ["{{ cluster_output_root }}"]
+  register: __cluster_host
+  check_mode: false
+"""
+
+RETURN = r"""
+time:
+  description: The node's clock (seconds since the epoch) when the module ran.
+  returned: always
+  type: float
+python:
+  description: C({version, executable}) of the interpreter that ran the module.
+  returned: unless clock_only
+  type: dict
+paths:
+  description: Per requested path, C({path, probed, exists, free_bytes, total_bytes}); probed is the existing parent measured.
+  returned: unless clock_only
+  type: list
+shm:
+  description: C({path, exists, total_bytes, free_bytes}) of the shared-memory mount.
+  returned: unless clock_only
+  type: dict
+limits:
+  description: C({memlock_soft_kb, memlock_hard_kb, nofile_soft, nofile_hard}); -1 means unlimited.
+  returned: unless clock_only
+  type: dict
+docker:
+  description: C({cli, socket, reachable, version, api_version, error}).
+  returned: unless clock_only
+  type: dict
+"""
+
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import sys
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def statvfs(path: str) -> dict:
+    probed = path
+    while probed and not os.path.exists(probed):
+        parent = os.path.dirname(probed.rstrip("/")) or "/"
+        if parent == probed:
+            break
+        probed = parent
+    out = {"path": path, "probed": probed, "exists": os.path.exists(path), "free_bytes": None, "total_bytes": None}
+    try:
+        st = os.statvfs(probed)
+        out["free_bytes"] = st.f_bavail * st.f_frsize
+        out["total_bytes"] = st.f_blocks * st.f_frsize
+    except OSError as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def limit_kb(value: int) -> int:
+    return -1 if value == resource.RLIM_INFINITY else value // 1024
+
+
+def unlimited(value: int) -> int:
+    return -1 if value == resource.RLIM_INFINITY else value
+
+
+def docker_get(sock_path: str, url: str, timeout: float) -> tuple[int, str]:
+    """HTTP/1.0 GET on a Unix socket: (status, body)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(f"GET {url} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    raw = b"".join(chunks).decode("utf-8", "replace")
+    head, _, body = raw.partition("\r\n\r\n")
+    status = int(head.split(" ", 2)[1]) if head.startswith("HTTP/") else 0
+    return status, body
+
+
+def docker_facts(sock_path: str, timeout: float) -> dict:
+    cli = shutil.which("docker") or next((p for p in ("/usr/bin/docker", "/usr/local/bin/docker")
+                                          if os.access(p, os.X_OK)), None)
+    out = {"cli": cli, "socket": sock_path, "socket_exists": os.path.exists(sock_path), "reachable": False,
+           "version": None, "api_version": None, "error": None}
+    if not out["socket_exists"]:
+        out["error"] = f"{sock_path} does not exist (engine not installed or not running)"
+        return out
+    try:
+        status, body = docker_get(sock_path, "/_ping", timeout)
+        out["reachable"] = status == 200 and body.strip() == "OK"
+        if not out["reachable"]:
+            out["error"] = f"GET /_ping answered {status} {body.strip()[:80]!r}"
+            return out
+        status, body = docker_get(sock_path, "/version", timeout)
+        if status == 200:
+            info = json.loads(body)
+            out["version"] = info.get("Version")
+            out["api_version"] = info.get("ApiVersion")
+    except (OSError, ValueError) as exc:
+        out["error"] = f"{sock_path}: {exc}"
+    return out
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            paths=dict(type="list", elements="path", default=[]),
+            shm_path=dict(type="path", default="/dev/shm"),
+            docker_socket=dict(type="path", default="/var/run/docker.sock"),
+            clock_only=dict(type="bool", default=False),
+            timeout=dict(type="float", default=3.0),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    now = time.time()
+    if p["clock_only"]:
+        module.exit_json(changed=False, time=now)
+    shm = statvfs(p["shm_path"])
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    module.exit_json(
+        changed=False,
+        time=now,
+        python={"version": platform.python_version(), "executable": sys.executable},
+        paths=[statvfs(path) for path in p["paths"]],
+        shm={"path": p["shm_path"], "exists": shm["exists"], "total_bytes": shm["total_bytes"] if shm["exists"] else None,
+             "free_bytes": shm["free_bytes"] if shm["exists"] else None},
+        limits={"memlock_soft_kb": limit_kb(memlock[0]), "memlock_hard_kb": limit_kb(memlock[1]),
+                "nofile_soft": unlimited(nofile[0]), "nofile_hard": unlimited(nofile[1])},
+        docker=docker_facts(p["docker_socket"], p["timeout"]),
+    )
+
+
+if __name__ == "__main__":
+    main()
