@@ -352,3 +352,34 @@ def test_missing_logger_in_the_image_is_named(converged, tmp_path):
             cluster.exec(node, ["docker", "image", "rm", "-f", f"{repo}:{tag}"], check=False)
         assert r.returncode == 0, r.stdout[-4000:]
         assert_healthy(records, cluster.nodes)
+
+
+def test_registry_login_is_recorded_and_the_password_never_logged(converged, tmp_path):
+    cluster = converged
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    try:
+        r, records, recap = converge(cluster, tmp_path, "-v", "-e", "container_registry_username=trainer",
+                                     "-e", f"container_registry_password={secret}")
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert secret not in r.stdout
+        for node in cluster.nodes:
+            rec = records[node]["container.registry_login"]
+            assert rec["status"] == "pass" and "trainer" in rec["detail"], rec
+            assert secret not in json.dumps(records[node])
+            assert recap[node]["failed"] == 0
+    finally:
+        for node in cluster.nodes:
+            cluster.exec(node, ["rm", "-f", "/root/.docker/config.json"], check=False)
+
+
+def test_install_path_on_a_pre_imaged_node_changes_nothing(converged, tmp_path):
+    """container_engine_install: true on a node that already has the engine: packages present, engine left
+    running, the container untouched."""
+    cluster = converged
+    node = cluster.head
+    before = inspect(cluster, node)["Id"]
+    r, records, recap = converge(cluster, tmp_path, "-l", node, "-e", "container_engine_install=true")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert recap[node]["changed"] == 0, recap[node]
+    assert records[node]["container.engine"]["status"] == "pass"
+    assert inspect(cluster, node)["Id"] == before
