@@ -1,0 +1,75 @@
+"""The cluster model: node rank, nnodes, world size, head and master address, computed in one place."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+import cluster_model as cm
+
+
+def hv(n: int, **extra) -> tuple[list[str], dict]:
+    hosts = [f"n{i}" for i in range(1, n + 1)]
+    return hosts, {h: {"ansible_host": f"198.51.100.{10 + i}", **extra.get(h, {})} for i, h in enumerate(hosts, 1)}
+
+
+def test_inventory_order_without_node_rank():
+    hosts, vars_ = hv(3)
+    models = cm.compute_models(hosts, vars_, {"cluster_gpus_per_node": 8, "cluster_rendezvous_port": 39500})
+    assert [models[h]["node_rank"] for h in hosts] == [0, 1, 2]
+    m = models["n2"]
+    assert m == {"node_rank": 1, "nnodes": 3, "nproc_per_node": 8, "world_size": 24, "head": "n1",
+                 "master_addr": "198.51.100.11", "master_port": 39500, "hosts_by_rank": ["n1", "n2", "n3"],
+                 "data_address": "198.51.100.12"}
+
+
+def test_node_rank_reorders_and_head_is_rank_zero():
+    hosts, vars_ = hv(3, n1={"node_rank": 2}, n2={"node_rank": 0}, n3={"node_rank": 1, "data_address": "172.30.0.3"})
+    models = cm.compute_models(hosts, vars_, {"cluster_gpus_per_node": 8})
+    assert models["n1"]["hosts_by_rank"] == ["n2", "n3", "n1"]
+    assert models["n1"]["head"] == "n2" and models["n3"]["master_addr"] == "198.51.100.12"
+    assert models["n3"]["data_address"] == "172.30.0.3"
+
+
+def test_nproc_defaults_to_gpus_and_overrides_for_cpu_clusters():
+    hosts, vars_ = hv(2)
+    assert cm.compute_models(hosts, vars_, {"cluster_gpus_per_node": 4,
+                                            "cluster_nproc_per_node": "{{ cluster_gpus_per_node }}"})["n1"][
+        "world_size"] == 8
+    for h in hosts:
+        vars_[h].update(cluster_gpus_per_node=0, cluster_nproc_per_node=1)
+    m = cm.compute_models(hosts, vars_, {})["n2"]
+    assert (m["nproc_per_node"], m["world_size"]) == (1, 2)
+
+
+def test_explicit_master_addr_and_port():
+    hosts, vars_ = hv(2)
+    for h in hosts:
+        vars_[h].update(cluster_master_addr="198.51.100.11", cluster_rendezvous_port=29400)
+    m = cm.compute_models(hosts, vars_, {})["n2"]
+    assert (m["master_addr"], m["master_port"]) == ("198.51.100.11", 29400)
+
+
+def test_data_address_falls_back_to_ansible_host_then_name():
+    assert cm.data_address("x", {"data_address": " 10.1.1.1 ", "ansible_host": "10.2.2.2"}) == "10.1.1.1"
+    assert cm.data_address("x", {"ansible_host": "10.2.2.2"}) == "10.2.2.2"
+    assert cm.data_address("x", {}) == "x"
+
+
+@given(st.permutations(list(range(6))))
+def test_any_permutation_of_ranks_is_honoured(perm):
+    hosts = [f"h{i}" for i in range(6)]
+    vars_ = {h: {"node_rank": r, "ansible_host": f"198.51.100.{i + 1}"} for i, (h, r) in enumerate(zip(hosts, perm))}
+    assert cm.validate({"trainers": hosts}, vars_, defaults={}) == []
+    models = cm.compute_models(hosts, vars_, {"cluster_gpus_per_node": 8})
+    assert sorted(m["node_rank"] for m in models.values()) == list(range(6))
+    for h, r in zip(hosts, perm):
+        assert models[h]["node_rank"] == r and models[h]["hosts_by_rank"][r] == h
+        assert models[h]["world_size"] == 48
+
+
+@pytest.mark.parametrize("text,ok", [("10.0.0.1", True), ("fd00::1", True), ("node-1.example.org", True),
+                                     ("10.0.0.300", False), ("0.0.0.0", False), ("bad host", False), ("", False),
+                                     ("224.0.0.1", False), ("-x", False)])
+def test_address_problem(text, ok):
+    assert (cm.address_problem(text) is None) is ok

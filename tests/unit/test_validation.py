@@ -1,0 +1,192 @@
+"""Inventory validation as pure functions: every problem named "Stop if …" with host, variable, value and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cluster_model as cm
+from conftest import REPO
+
+ROLES = cm.load_role_specs(REPO / "roles")
+CLUSTER_DEFAULTS = yaml.safe_load((REPO / "roles/cluster/defaults/main.yml").read_text())
+VARS = yaml.safe_load((REPO / "roles/cluster/vars/main.yml").read_text())
+
+
+def run(hostvars: dict, groups: dict | None = None, lenient: dict | None = None, roles=None) -> list[str]:
+    groups = groups if groups is not None else {"all": list(hostvars), "trainers": list(hostvars)}
+    return cm.validate(groups, hostvars, roles=ROLES if roles is None else roles, defaults=CLUSTER_DEFAULTS,
+                       removed=VARS["_cluster_removed_vars"], reserved=VARS["_cluster_reserved_facts"],
+                       lenient=lenient, bad_iface_patterns=VARS["_cluster_bad_iface_patterns"])
+
+
+def three(**common) -> dict:
+    return {f"n{i}": {"ansible_host": f"198.51.100.{i}", **common} for i in (1, 2, 3)}
+
+
+def test_good_inventory_has_no_problem():
+    assert run(three(cluster_data_mtu=9000, cluster_data_iface="eth1", cluster_preflight={"min_shm_mb": 64})) == []
+
+
+def test_every_line_starts_with_stop_if_and_has_a_fix():
+    problems = run(three(cluster_data_mtu="9000", cluster_rendezvous_port=22, master_port=1, cluster_data_iface="lo"))
+    assert len(problems) == 4
+    assert all(p.startswith("Stop if ") and ". Fix: " in p for p in problems)
+
+
+def test_problems_on_all_hosts_are_merged_into_one_line():
+    problems = run(three(cluster_data_mtu=100))
+    assert problems == ["Stop if cluster_data_mtu is outside 1280–9216 on all 3 trainers (cluster_data_mtu = 100). "
+                        "Fix: set cluster_data_mtu to 9000 (jumbo frames) or 1500"]
+
+
+def test_missing_group_suggests_the_nearest_group_name():
+    (line,) = run({"a": {}}, groups={"all": ["a"], "trainer": ["a"]})
+    assert "no group 'trainers'" in line and "'trainer' looks like a typo" in line
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("8", "is a string but must be an integer"),
+    (8.5, "is a number but must be an integer"),
+    (True, "is a boolean but must be an integer"),
+    ([8], "is a list but must be an integer"),
+    (None, "is empty (null)"),
+])
+def test_int_typing_is_strict_for_yaml(value, msg):
+    (line,) = run(three(cluster_gpus_per_node=value))
+    assert f"cluster_gpus_per_node {msg}" in line
+
+
+def test_untyped_sources_are_coerced_like_ansible():
+    hv = three(cluster_gpus_per_node="8", container_engine_install="false")
+    lenient = {h: {"cluster_gpus_per_node", "container_engine_install"} for h in hv}
+    assert run(hv, lenient=lenient) == []
+    hv = three(cluster_gpus_per_node="eight")
+    (line,) = run(hv, lenient={h: {"cluster_gpus_per_node"} for h in hv})
+    assert "is a string but must be an integer" in line
+
+
+def test_numbers_are_accepted_where_strings_are_expected_but_bools_are_not():
+    assert run(three(cluster_job_name=42)) == []
+    (line,) = run(three(cluster_job_name=True))
+    assert "cluster_job_name is a boolean but must be a string" in line
+
+
+def test_nested_unknown_key_names_the_nearest_and_the_valid_keys():
+    (line,) = run(three(cluster_preflight={"max_clock_skew": 1.0}))
+    assert "cluster_preflight has the unknown key 'max_clock_skew'" in line
+    assert "did you mean 'max_clock_skew_s'?" in line and "Valid keys: docker, max_clock_skew_s" in line
+
+
+def test_nested_choices_and_types():
+    problems = run(three(cluster_preflight={"docker": "maybe", "min_free_gb": "10"}))
+    assert any("cluster_preflight.docker is not one of auto, required, skip" in p for p in problems)
+    assert any("cluster_preflight.min_free_gb is a string but must be a number" in p for p in problems)
+
+
+def test_lists_of_dicts_with_options_are_checked_element_by_element(tmp_path):
+    spec = {"argument_specs": {"main": {"options": {"demo_mounts": {
+        "type": "list", "elements": "dict",
+        "options": {"source": {"type": "str", "required": True}, "read_only": {"type": "bool"}}}}}}}
+    (tmp_path / "demo/meta").mkdir(parents=True)
+    (tmp_path / "demo/meta/argument_specs.yml").write_text(yaml.safe_dump(spec))
+    roles = cm.load_role_specs(tmp_path)
+    problems = run(three(demo_mounts=[{"source": "/a"}, {"sorce": "/b", "read_only": "no"}]), roles=roles)
+    assert any("demo_mounts[1] has the unknown key 'sorce'" in p and "did you mean 'source'?" in p for p in problems)
+    assert any("demo_mounts[1] lacks the required key 'source'" in p for p in problems)
+    assert any("demo_mounts[1].read_only is a string but must be a boolean" in p for p in problems)
+
+
+def test_unknown_variable_uses_the_longest_matching_role_prefix():
+    (line,) = run(three(nccl_env_profil="tcp"))
+    assert "nccl_env_profil is not a variable of the role nccl_env" in line
+    assert "did you mean 'nccl_env_profile'?" in line
+
+
+def test_role_without_spec_is_not_checked():
+    assert run(three(fabricmanager_anything=1), roles={k: v for k, v in ROLES.items() if k != "fabricmanager"}) == []
+
+
+def test_defaults_only_variables_are_known():
+    roles = {"cluster": {"options": {}, "defaults": {"cluster_x"}}}
+    assert run(three(cluster_x=1), roles=roles) == []
+
+
+@pytest.mark.parametrize("old,new", [("master_port", "cluster_rendezvous_port"),
+                                     ("nccl_socket_ifname", "cluster_data_iface"),
+                                     ("gpus_per_node", "cluster_gpus_per_node"), ("data_mtu", "cluster_data_mtu")])
+def test_removed_variables_name_the_new_one(old, new):
+    (line,) = run(three(**{old: 1}))
+    assert line.startswith(f"Stop if the removed variable {old} is set") and f"rename {old} to {new}" in line
+
+
+def test_rank_checks():
+    hv = three()
+    hv["n1"]["node_rank"] = 0
+    hv["n2"]["node_rank"] = 0
+    hv["n3"]["node_rank"] = 5
+    problems = run(hv)
+    assert any("node_rank 0 is given to more than one trainer (n1, n2)" in p for p in problems)
+    assert any("node_rank is out of range 0..2 (3 trainers) on n3" in p for p in problems)
+
+
+def test_same_ssh_address_on_different_ports_is_allowed():
+    hv = three()
+    for i, h in enumerate(hv):
+        hv[h].update(ansible_host="198.51.100.1", ansible_port=2200 + i, data_address=f"172.30.0.{i + 1}")
+    assert run(hv) == []
+    hv["n3"]["ansible_port"] = 2200
+    assert any("n1, n3 all reach the same address 198.51.100.1 (port 2200)" in p for p in run(hv))
+
+
+def test_master_addr_must_be_the_heads_data_address():
+    hv = three(cluster_master_addr="198.51.100.1")
+    assert run(hv) == []
+    hv = three(cluster_master_addr="198.51.100.3")
+    (line,) = run(hv)
+    assert "not the data address of the head n1 (198.51.100.1) (that is n3, not the head)" in line
+
+
+@pytest.mark.parametrize("iface", ["lo", "docker0", "veth9a8b", "br-1234abcd", "virbr0", "cni0", "flannel.1",
+                                   "cali1234"])
+def test_bad_data_interfaces(iface):
+    (line,) = run(three(cluster_data_iface=iface))
+    assert "cluster_data_iface is loopback or a container/VM bridge interface" in line
+
+
+@pytest.mark.parametrize("iface", ["eth1", "ens1f0np0", "ib0", "bond0", "enp65s0"])
+def test_good_data_interfaces(iface):
+    assert run(three(cluster_data_iface=iface)) == []
+
+
+def test_cluster_values_must_agree_across_hosts_except_the_interface():
+    hv = three(cluster_data_iface="eth1")
+    hv["n2"]["cluster_data_iface"] = "ens1"
+    assert run(hv) == []
+    hv["n2"]["cluster_rendezvous_port"] = 40000
+    (line,) = run(hv)
+    assert "cluster_rendezvous_port differs between trainers" in line and "n2 = 40000" in line
+
+
+def test_reserved_facts_are_refused():
+    (line,) = run(three(network_iface="eth1"))
+    assert "network_iface is set in the inventory but is a fact computed by the role network" in line
+
+
+def test_every_role_spec_loads_and_types_are_known():
+    known = {"str", "int", "float", "bool", "list", "dict", "path", "raw"}
+    for role, data in ROLES.items():
+        for var, spec in data["options"].items():
+            assert spec.get("type", "str") in known, f"{role}: {var} has type {spec.get('type')}"
+
+
+def test_cluster_spec_matches_defaults():
+    spec = yaml.safe_load((REPO / "roles/cluster/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert set(options) == set(CLUSTER_DEFAULTS)
+    for name, value in CLUSTER_DEFAULTS.items():
+        assert options[name].get("default") == value, name
+    nested = options["cluster_preflight"]["options"]
+    assert {k: v["default"] for k, v in nested.items()} == VARS["_cluster_preflight_defaults"]
