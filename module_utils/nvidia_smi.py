@@ -326,3 +326,259 @@ def cross_node_uuid_duplicates(gpus_by_host):
             if host not in hosts:
                 hosts.append(host)
     return [{"uuid": u, "hosts": h} for u, h in where.items() if u and len(h) > 1]
+
+
+# ----------------------------------------------------------------------------------------- checks
+# The roles record these with preflight_check (records: [...]); each is {check, status, detail, fix, data}.
+
+def _rec(check, status, detail, fix="", data=None):
+    return {"check": check, "status": status, "detail": detail, "fix": fix if status != "pass" else "",
+            "data": data or {}}
+
+
+def _gpu_name(g):
+    return "GPU %s (%s)" % (g.get("index"), g.get("pci_bus_id"))
+
+
+def driver_records(host, facts, all_facts, opts):
+    """Every nvidia_driver check of one node as preflight records.
+
+    host: this node's inventory name; facts: its nvidia_gpu_facts, or None when nvidia-smi failed;
+    all_facts: {host: nvidia_gpu_facts or None} for every node of the play (drift, UUIDs across nodes);
+    opts: error (the module's message when it failed), version (the pin, '' for none), branch,
+    gpus_per_node (None: not checked), nproc_per_node, visible_devices, device_order (the value of
+    CUDA_DEVICE_ORDER configured on the node, None when absent), device_order_file.
+    """
+    recs = []
+    order_file = opts.get("device_order_file") or "/etc/environment"
+    order = opts.get("device_order")
+    recs_order = _rec(
+        "nvidia_driver.device_order", "pass" if order == "PCI_BUS_ID" else "fail",
+        "CUDA_DEVICE_ORDER=%s in %s" % (order, order_file) if order is not None
+        else "CUDA_DEVICE_ORDER is not set in %s" % order_file,
+        "Set CUDA_DEVICE_ORDER=PCI_BUS_ID in %s (the nvidia_driver role does it; run site.yml): without it CUDA "
+        "numbers GPUs fastest-first and local ranks may not match the PCI order torchrun assumes" % order_file)
+    if facts is None and str(opts.get("gpus_per_node")) == "0":
+        return [_rec("nvidia_driver." + name, "skip", "CPU-only cluster (cluster_gpus_per_node: 0): no GPU checks")
+                for name in ("smi", "version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map",
+                             "device_order")]
+    if facts is None:
+        error = opts.get("error") or "nvidia-smi did not answer"
+        recs.append(_rec("nvidia_driver.smi", "fail", error,
+                         "Fix the driver on %s (see the cause above), then rerun preflight" % host))
+        skip = "not checked: nvidia-smi failed on this node (see nvidia_driver.smi)"
+        for name in ("version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map"):
+            recs.append(_rec("nvidia_driver." + name, "skip", skip))
+        recs.append(recs_order)
+        return recs
+
+    driver = facts.get("driver_version")
+    gpus = facts.get("gpus") or []
+    kmod = facts.get("kernel_module_version")
+    recs.append(_rec("nvidia_driver.smi", "pass",
+                     "driver %s, CUDA %s, %d GPU(s) %s" % (driver, facts.get("cuda_version"), len(gpus),
+                                                          ", ".join(sorted(set(g.get("name") or "?" for g in gpus)))),
+                     data={"drift": {"driver": driver, "cuda": facts.get("cuda_version")}}))
+
+    # The pin (exact version, else the branch) and the loaded kernel module.
+    pin, branch = (opts.get("version") or ""), str(opts.get("branch") or "")
+    problems = []
+    if pin and driver != pin:
+        problems.append("driver %s, pinned %s (nvidia_driver_version)" % (driver, pin))
+    elif not pin and branch and not str(driver).startswith(branch + "."):
+        problems.append("driver %s is not from branch %s (nvidia_driver_branch)" % (driver, branch))
+    if kmod and kmod != driver:
+        problems.append("loaded kernel module %s differs from the user-space driver %s (upgraded without reboot)"
+                        % (kmod, driver))
+    recs.append(_rec(
+        "nvidia_driver.version", "fail" if problems else "pass",
+        "; ".join(problems) if problems else "driver %s%s" % (driver, " = pin" if pin else " (branch %s, no exact pin)"
+                                                               % branch if branch else ""),
+        "Install driver %s on %s (nvidia_driver_install: true, or re-image the node) and reboot it; or change "
+        "nvidia_driver_version" % (pin or branch, host) if not (kmod and kmod != driver)
+        else "Reboot %s so the installed driver's kernel module is loaded" % host))
+
+    # Drift across the cluster.
+    versions = dict((h, (f or {}).get("driver_version")) for h, f in all_facts.items())
+    drift = version_drift(versions)
+    majority, odd = drift["majority"], drift["odd"]
+    others = [h for h, v in versions.items() if v == majority and h != host]
+    if host in odd:
+        detail = "driver %s on %s; %d other node(s) run %s (%s)" % (
+            driver, host, len(others), majority, ", ".join(others[:8]) + (" ..." if len(others) > 8 else ""))
+        recs.append(_rec("nvidia_driver.drift", "fail", detail,
+                         "Make every node run the same driver: install %s on %s (nvidia_driver_version pins it) "
+                         "and reboot it, or replace the node" % (majority, host),
+                         data={"majority": majority, "odd": odd}))
+    else:
+        detail = "driver %s on all %d node(s)" % (driver, len(versions) - len(drift["missing"]))
+        if odd:
+            detail = "driver %s here; differs on %s" % (driver, ", ".join("%s (%s)" % kv for kv in sorted(odd.items())))
+        recs.append(_rec("nvidia_driver.drift", "pass", detail, data={"majority": majority, "odd": odd}))
+
+    # GPU count.
+    want = opts.get("gpus_per_node")
+    if want in (None, ""):
+        recs.append(_rec("nvidia_driver.gpu_count", "skip", "%d GPU(s); cluster_gpus_per_node is not set" % len(gpus)))
+    else:
+        want = int(want)
+        recs.append(_rec(
+            "nvidia_driver.gpu_count", "pass" if len(gpus) == want else "fail",
+            "%d GPU(s), cluster_gpus_per_node %d%s" % (
+                len(gpus), want, "" if facts.get("attached_gpus") in (None, len(gpus))
+                else " (nvidia-smi counts %s attached)" % facts.get("attached_gpus")),
+            "A GPU is missing on %s: look for Xid 79 ('fallen off the bus') in dmesg, reset or reboot the node, "
+            "replace it if the GPU stays missing; or set cluster_gpus_per_node to %d" % (host, len(gpus))
+            if len(gpus) < want else
+            "%s has more GPUs than cluster_gpus_per_node: set it to %d, or hide GPUs with "
+            "nvidia_driver_visible_devices" % (host, len(gpus))))
+
+    # PCI bus ids unique within the node.
+    dup_pci = duplicates([g.get("pci_bus_id_normalized") or g.get("pci_bus_id") for g in gpus])
+    recs.append(_rec(
+        "nvidia_driver.pci_unique", "fail" if dup_pci else "pass",
+        "PCI bus id %s reported for %s" % (
+            ", ".join(dup_pci), "; ".join(
+                "GPUs " + ", ".join(str(g["index"]) for g in gpus
+                                    if (g.get("pci_bus_id_normalized") or g.get("pci_bus_id")) == p)
+                for p in dup_pci)) if dup_pci else "%d distinct PCI bus ids" % len(gpus),
+        "Two GPUs of %s claim one PCI address: the GPU order (and the local-rank map) cannot be trusted. "
+        "Reboot the node; if it persists, the node is sick: replace it" % host))
+
+    # UUIDs unique across the cluster (and within the node).
+    cross = [d for d in cross_node_uuid_duplicates(dict((h, (f or {}).get("gpus")) for h, f in all_facts.items()))
+             if host in d["hosts"]]
+    local = duplicates([g.get("uuid") for g in gpus])
+    if cross or local:
+        parts = ["%s on %s" % (d["uuid"], ", ".join(d["hosts"])) for d in cross]
+        parts += ["%s twice on %s" % (u, host) for u in local]
+        recs.append(_rec("nvidia_driver.uuid_unique", "fail", "GPU UUID seen more than once: " + "; ".join(parts),
+                         "Each GPU has its own UUID: two inventory entries may point at the same machine "
+                         "(check ansible_host of %s), or the node reports another node's GPUs; fix the inventory "
+                         "or replace the node" % ", ".join(sorted(set(h for d in cross for h in d["hosts"])) or [host])))
+    else:
+        recs.append(_rec("nvidia_driver.uuid_unique", "pass",
+                         "%d GPU UUIDs, none seen on another node" % len(gpus)))
+
+    # The local-rank -> GPU map torchrun will use.
+    visible = opts.get("visible_devices")
+    nproc = opts.get("nproc_per_node")
+    try:
+        gmap = gpu_map(gpus, visible)
+        err = None
+    except ValueError as exc:
+        gmap, err = [], str(exc)
+    if err:
+        recs.append(_rec("nvidia_driver.gpu_map", "fail", "nvidia_driver_visible_devices %r: %s" % (visible, err),
+                         "Fix nvidia_driver_visible_devices of %s: GPU indexes in PCI order or GPU UUIDs" % host))
+    else:
+        gpu_ranks = opts.get("gpu_ranks", True)
+        short = gpu_ranks and nproc not in (None, "") and int(nproc) > len(gmap) and len(gmap) > 0
+        recs.append(_rec(
+            "nvidia_driver.gpu_map", "fail" if short else "pass",
+            ("%s local ranks but %d visible GPU(s): two ranks would share a GPU" % (nproc, len(gmap))) if short
+            else ", ".join("rank %d -> GPU %s (%s)" % (m["local_rank"], m["index"], m["pci_bus_id"]) for m in gmap)
+            or "no GPUs",
+            "Lower cluster_nproc_per_node to %d or make more GPUs visible on %s" % (len(gmap), host),
+            data={"gpu_map": gmap, "visible_devices": visible or None}))
+    recs.append(recs_order)
+    return recs
+
+
+def fabric_problems(gpus):
+    """GPUs whose fabric is not Completed/Success -> ['GPU 2 (00000000:00:08.0): state Completed, status Failure']."""
+    return ["%s: state %s, status %s" % (_gpu_name(g), (g.get("fabric") or {}).get("state"),
+                                          (g.get("fabric") or {}).get("status"))
+            for g in gpus or [] if not fabric_ok(g)]
+
+
+def fabricmanager_records(host, facts, opts):
+    """Every fabricmanager check of one node as preflight records.
+
+    facts: nvidia_gpu_facts or None; opts: service_manager (e.g. systemd, None), service (the systemd unit's
+    {state, status} or None when the unit does not exist), service_name, required ('auto' | 'always' | 'never').
+    """
+    service_name = opts.get("service_name") or "nvidia-fabricmanager"
+    restart = ("systemctl restart %s on %s and wait until every GPU shows fabric state Completed; if it will not "
+               "start (journalctl -u %s), the node is sick: replace it" % (service_name, host, service_name))
+    names = ("nvswitch", "version", "service", "fabric", "nvlink")
+    if facts is None:
+        return [_rec("fabricmanager." + n, "skip", "not checked: nvidia-smi failed on this node (see nvidia_driver.smi)")
+                for n in names]
+    nvs = facts.get("nvswitch") or {}
+    required = opts.get("required") or "auto"
+    gpus = facts.get("gpus") or []
+    if required == "never" or (required == "auto" and not nvs.get("present")):
+        why = ("fabricmanager_required is never" if required == "never"
+               else "no NVSwitch on this node (no /proc/driver/nvidia-nvswitch devices, fabric state N/A): "
+                    "fabric manager not needed")
+        return [_rec("fabricmanager." + n, "skip", why) for n in names]
+
+    recs = []
+    local = bool(nvs.get("local"))
+    devices = nvs.get("devices") or []
+    recs.append(_rec("fabricmanager.nvswitch", "pass",
+                     "%d NVSwitch(es) on this node" % len(devices) if local else
+                     "NVSwitch fabric seen in the GPUs' fabric state, no NVSwitch device on this node "
+                     "(a VM whose NVSwitches the host manages)" if nvs.get("present") else
+                     "no NVSwitch seen; fabric manager required by fabricmanager_required: always"))
+
+    driver = facts.get("driver_version")
+    fm = facts.get("fabricmanager_version")
+    managed_here = local or fm is not None or required == "always"
+    if fm is None and managed_here:
+        recs.append(_rec("fabricmanager.version", "fail",
+                         "nvidia-fabricmanager is not installed; driver %s" % driver,
+                         "Install nvidia-fabricmanager-%s=%s on %s and hold it (fabricmanager_install: true)"
+                         % (str(driver).split(".")[0], driver, host)))
+    elif fm is None:
+        recs.append(_rec("fabricmanager.version", "skip",
+                         "no fabric manager on this node: the fabric is managed outside it (VM/host-managed NVSwitch)"))
+    else:
+        recs.append(_rec("fabricmanager.version", "pass" if fm == driver else "fail",
+                         "fabric manager %s, driver %s%s" % (fm, driver, "" if fm == driver else
+                                                             ": they must be the same version"),
+                         "Install nvidia-fabricmanager at exactly the driver's version %s on %s, hold it, restart "
+                         "it (fabricmanager_install: true does it); a mismatch hangs NCCL init or fails with CUDA "
+                         "error 802" % (driver, host),
+                         data={"drift": {"fabricmanager": fm}}))
+
+    manager = opts.get("service_manager")
+    service = opts.get("service")
+    if not managed_here or fm is None and not local:
+        recs.append(_rec("fabricmanager.service", "skip", "no fabric manager service on this node"))
+    elif manager != "systemd":
+        recs.append(_rec("fabricmanager.service", "skip",
+                         "not verifiable: the node's service manager is %s, not systemd" % (manager or "unknown")))
+    elif not service:
+        recs.append(_rec("fabricmanager.service", "fail", "%s.service does not exist" % service_name,
+                         "Install nvidia-fabricmanager (fabricmanager_install: true), then " + restart))
+    else:
+        running = service.get("state") == "running"
+        enabled = service.get("status") in ("enabled", "static", "alias")
+        recs.append(_rec("fabricmanager.service", "pass" if running and enabled else "fail",
+                         "%s: %s, %s" % (service_name, service.get("state"), service.get("status")),
+                         ("systemctl enable %s; " % service_name if not enabled else "") + restart))
+
+    bad = fabric_problems(gpus)
+    recs.append(_rec("fabricmanager.fabric", "fail" if bad else "pass",
+                     "; ".join(bad) if bad else "%d GPU(s): fabric Completed/Success" % len(gpus),
+                     restart if managed_here else
+                     "The fabric is managed outside this node (VM): ask the provider to restart the fabric "
+                     "manager of the host; if it stays, the node is sick: replace it",
+                     data={"fabric": dict((str(g.get("index")), "%s/%s" % ((g.get("fabric") or {}).get("state"),
+                                                                             (g.get("fabric") or {}).get("status")))
+                                          for g in gpus)}))
+
+    with_links = [g for g in gpus if (g.get("nvlink") or {}).get("links")]
+    if not with_links:
+        recs.append(_rec("fabricmanager.nvlink", "skip", "no NVLink status (nvidia-smi nvlink -s listed no links)"))
+    else:
+        down = [g for g in with_links if g["nvlink"].get("inactive")]
+        recs.append(_rec(
+            "fabricmanager.nvlink", "fail" if down else "pass",
+            "; ".join("%s: %d of %d NVLinks inactive" % (_gpu_name(g), g["nvlink"]["inactive"], g["nvlink"]["links"])
+                      for g in down) if down else
+            "%d GPU(s), all %d NVLinks active" % (len(with_links), sum(g["nvlink"]["links"] for g in with_links)),
+            "Inactive NVLinks on %s: reset the GPUs or reboot the node, then %s" % (host, restart)))
+    return recs

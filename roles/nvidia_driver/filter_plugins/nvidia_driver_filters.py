@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+"""Filters of the nvidia_driver role: the node's checks as preflight records, from every node's GPU facts.
+
+The logic is in module_utils/nvidia_smi.py (pure, unit-tested in tests/unit/test_nvidia_smi.py); this file
+only hands it the play's host variables.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "trainyard_nvidia_smi", Path(__file__).resolve().parents[3] / "module_utils" / "nvidia_smi.py")
+nvidia_smi = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(nvidia_smi)
+
+
+def _facts_of(hosts, hostvars) -> dict:
+    out = {}
+    for h in hosts:
+        try:
+            out[h] = hostvars[h].get("nvidia_gpu_facts") or None
+        except (KeyError, AttributeError):
+            out[h] = None
+    return out
+
+
+def nvidia_driver_records(host, play_hosts, hostvars, opts):
+    """This node's nvidia_driver checks (list of preflight records) given every play host's nvidia_gpu_facts."""
+    all_facts = _facts_of(play_hosts, hostvars)
+    return nvidia_smi.driver_records(host, all_facts.get(host), all_facts, dict(opts or {}))
+
+
+def nvidia_driver_env_value(text, name):
+    """The value of NAME=value in an /etc/environment style text (quotes removed), None when absent."""
+    value = None
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[7:].lstrip()
+        key, sep, val = line.partition("=")
+        if sep and key.strip() == name:
+            value = val.strip().strip("'\"")
+    return value
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "nvidia_driver_records": nvidia_driver_records,
+            "nvidia_driver_env_value": nvidia_driver_env_value,
+        }
