@@ -459,8 +459,10 @@ class Launch(object):
                 self.m.exit_json(**self.result)
             return self.result
         outcome = {"terminated": [], "killed": [], "remaining": []}
+        t0 = time.monotonic()
         if procs:
             outcome = pg.terminate(lambda: self.all_procs(state), grace=float(self.p["stop_timeout"]))
+        outcome["seconds"] = round(time.monotonic() - t0, 2)
         if outcome["remaining"]:
             self.m.fail_json(msg="processes of job %s survived SIGKILL: %s" % (self.job, outcome["remaining"]),
                              stopped=outcome, **self.result)
