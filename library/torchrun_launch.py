@@ -264,7 +264,10 @@ latest_checkpoint:
   returned: state=status and output_root given
   type: str
 failure:
-  description: torchrun's first observed failure on this node (rank, local_rank, exitcode, signal, pid, time, host, traceback).
+  description:
+    - The failure on this node that most likely caused the others (rank, local_rank, exitcode, signal, pid, time,
+      host, traceback, node_rank, sort_key). A rank killed by a signal comes before an error of its own, which
+      comes before a communication error or a SIGTERM from torchrun's teardown; then the earliest time.
   returned: when the log reports one
   type: dict
 resume_from:
