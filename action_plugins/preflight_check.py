@@ -8,7 +8,10 @@ DOCUMENTATION = r"""
 module: preflight_check
 short_description: Record a preflight check result for the preflight report
 description:
-  - Appends one record (host, check, status, detail, fix) to the non-cached host fact C(preflight_results).
+  - Appends one record (host, check, status, detail, fix, data, run) to the host fact C(preflight_results).
+  - Ansible caches facts returned by actions in the fact cache, so each record carries the id of the run
+    (C(_cluster_run_id), set on localhost by the validate play); records of other runs are dropped here and
+    ignored by the report.
   - Runs on the controller only; the host is not contacted.
   - The report play (role C(cluster), C(tasks/report.yml)) collects every host's records,
     prints them as a node x check table and fails the run when any check failed.
@@ -82,6 +85,17 @@ _STATUSES = ("pass", "fail", "warn", "skip")
 FACT = "preflight_results"
 
 
+def _run_id(task_vars):
+    """The run id the validate play set on localhost (names the report directory), or None."""
+    hostvars = task_vars.get("hostvars")
+    try:
+        return str(hostvars["localhost"]["_cluster_run_id"])
+    except (KeyError, TypeError, AttributeError):
+        return task_vars.get("_cluster_run_id")
+    except Exception:  # noqa: BLE001 - an undefined or broken template is "no run id"
+        return None
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -97,9 +111,13 @@ class ActionModule(ActionBase):
         else:
             specs = [args]
         host = task_vars.get("inventory_hostname")
-        records = [self._record(spec, host) for spec in specs]
+        run = _run_id(task_vars)
+        records = [dict(self._record(spec, host), run=run) for spec in specs]
         names = {r["check"] for r in records}
-        previous = [r for r in task_vars.get(FACT) or [] if r.get("check") not in names]
+        # Ansible caches facts returned by any action but set_fact (ansible.cfg: jsonfile cache), so the list may
+        # hold an earlier run's records: keep only this run's.
+        previous = [r for r in task_vars.get(FACT) or []
+                    if isinstance(r, dict) and r.get("check") not in names and r.get("run") == run]
         result.update(
             changed=False,
             preflight_record=records[-1] if records else {},

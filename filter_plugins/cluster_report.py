@@ -12,7 +12,7 @@ report.json schema (version 1; filter_plugins/health_page.py and later tools rea
       "cluster_model": {"node1": {...}, ...},   # the cluster_model fact of every trainer (docs/architecture.md)
       "checks": ["cluster.python", ...],        # every check name, in first-seen order
       "records": [                              # one per (host, check)
-        {"host": "node1", "check": "network.mtu",
+        {"host": "node1", "check": "network.mtu", "run": "<run_id>",
          "status": "pass|fail|warn|skip|unreachable",
          "detail": "what was seen", "fix": "what to do (empty when passed)", "data": {...}}
       ],
@@ -61,7 +61,9 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
     hosts = sorted(given, key=lambda h: ((models.get(h) or {}).get("node_rank", 10**9), given.index(h)))
     records: list[dict] = []
     for h in hosts:
-        recs = results.get(h) or []
+        # The fact cache may still hold records of an earlier run: only this run's count.
+        recs = [r for r in results.get(h) or [] if isinstance(r, Mapping)
+                and (not run_id or "run" not in r or r.get("run") == run_id)]
         if not recs:
             records.append({"host": h, "check": REACH_CHECK, "status": "unreachable",
                             "detail": "no check results from this node: unreachable, or it failed before its first check",
