@@ -1,0 +1,73 @@
+"""The preflight report: records of this run only, unreachable nodes marked, table and Markdown of every check."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import load
+
+rep = load("filter_plugins/cluster_report.py", "cluster_report")
+HOSTS = ["b", "a", "c"]
+MODELS = {"a": {"node_rank": 0}, "b": {"node_rank": 1}, "c": {"node_rank": 2}}
+
+
+def rec(host, check, status, run="r1", **kw):
+    return {"host": host, "check": check, "status": status, "detail": kw.get("detail", ""), "fix": kw.get("fix", ""),
+            "data": {}, "run": run}
+
+
+def test_hosts_in_rank_order_and_unreachable_marked():
+    results = {"a": [rec("a", "cluster.shm", "pass")], "b": [rec("b", "cluster.shm", "fail", fix="grow it")], "c": None}
+    r = rep.build_report(results, HOSTS, MODELS, run_id="r1")
+    assert r["hosts"] == ["a", "b", "c"]
+    assert r["summary"] == {"pass": 1, "fail": 1, "warn": 0, "skip": 0, "unreachable": 1}
+    assert r["failed"] and [(f["host"], f["check"]) for f in r["failures"]] == [("b", "cluster.shm"),
+                                                                                 ("c", "host.reachable")]
+    json.dumps(r)  # serialisable as report.json
+
+
+def test_records_of_another_run_are_ignored():
+    results = {"a": [rec("a", "cluster.shm", "pass", run="old")], "b": [rec("b", "cluster.shm", "pass")],
+               "c": [rec("c", "cluster.shm", "pass")]}
+    r = rep.build_report(results, HOSTS, MODELS, run_id="r1")
+    assert {(x["host"], x["status"]) for x in r["records"]} == {("a", "unreachable"), ("b", "pass"), ("c", "pass")}
+
+
+def test_invalid_status_counts_as_failure():
+    r = rep.build_report({"a": [rec("a", "x.y", "bogus")]}, ["a"], run_id="r1")
+    assert r["records"][0]["status"] == "fail" and r["failed"]
+
+
+def test_table_has_a_row_per_node_and_a_column_per_check():
+    results = {"a": [rec("a", "cluster.shm", "pass"), rec("a", "cluster.docker", "warn")],
+               "b": [rec("b", "cluster.shm", "fail")], "c": []}
+    lines = rep.table(rep.build_report(results, HOSTS, MODELS, run_id="r1"))
+    assert lines[0].split() == ["node", "rank", "cluster.shm", "cluster.docker", "host.reachable"]
+    assert lines[2].split() == ["a", "0", "ok", "warn", "-"]
+    assert lines[3].split() == ["b", "1", "FAIL", "-", "-"]
+    assert lines[4].split() == ["c", "2", "UNREACH", "UNREACH", "UNREACH"]
+    assert lines[-1] == "1 pass, 1 fail, 1 warn, 0 skip, 1 unreachable"
+
+
+def test_failure_lines_list_every_failure_with_its_fix():
+    results = {"a": [rec("a", "cluster.shm", "fail", detail="64 MiB", fix="grow it")],
+               "b": [rec("b", "cluster.disk", "fail", detail="1 GiB free")], "c": [rec("c", "cluster.shm", "pass")]}
+    assert rep.failure_lines(rep.build_report(results, HOSTS, MODELS, run_id="r1")) == [
+        "a: cluster.shm FAIL: 64 MiB | Fix: grow it", "b: cluster.disk FAIL: 1 GiB free"]
+
+
+def test_markdown_escapes_pipes_and_lists_failures():
+    results = {"a": [rec("a", "cluster.shm", "fail", detail="x | y", fix="f")], "b": [], "c": []}
+    md = rep.markdown(rep.build_report(results, HOSTS, MODELS, run_id="r1"))
+    assert "| a | 0 | FAIL |" in md and "x \\| y" in md and "**FAILED**" in md
+    assert "- **a** `cluster.shm` fail: x \\| y — fix: f" in md
+
+
+def test_preflight_check_keeps_only_this_runs_records():
+    pc = load("action_plugins/preflight_check.py", "preflight_check_under_test")
+    assert pc._run_id({"hostvars": {"localhost": {"_cluster_run_id": "r9"}}}) == "r9"
+    assert pc._run_id({"hostvars": {}}) is None
+    record = pc.ActionModule._record({"check": "cluster.shm", "ok": "false", "detail": " 64 MiB\n", "fix": "grow"}, "a")
+    assert record == {"host": "a", "check": "cluster.shm", "status": "fail", "detail": "64 MiB", "fix": "grow",
+                      "data": {}}
+    assert pc.ActionModule._record({"check": "c", "ok": True, "fix": "x"}, "a")["fix"] == ""
