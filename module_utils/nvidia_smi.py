@@ -186,7 +186,7 @@ def parse_fabricmanager_package(text):
         parts = line.split()
         if len(parts) < 2 or not parts[0].startswith("nvidia-fabricmanager"):
             continue
-        if parts[0].endswith("-dev"):
+        if "-dev" in parts[0]:
             continue
         if len(parts) >= 3 and parts[2][:2] not in ("ii", "hi"):
             continue

@@ -1,0 +1,66 @@
+"""library/nvidia_gpu_facts.py run by real Ansible (ad hoc, local connection) against the stand-in nvidia-smi."""
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE = REPO / ".venv/bin/ansible"
+
+
+def run_module(tmp_path, args="", faults=(), path_extra=True, check=False):
+    fault = tmp_path / "fault"
+    fault.write_text("".join(f + "\n" for f in faults))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_CACHE_PLUGIN="memory",
+               ANSIBLE_NOCOLOR="1",
+               TRAINYARD_STANDIN_DATA=str(REPO / "tests/data/nvidia-smi/h200x4"),
+               TRAINYARD_STANDIN_FAULT=str(fault), TRAINYARD_STANDIN_HOST="n1",
+               PATH=(f"{REPO / 'tests/sim/standin'}:" if path_extra else "") + "/usr/bin:/bin")
+    argv = [str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-m", "nvidia_gpu_facts", "-a", args,
+            "-e", "ansible_python_interpreter=" + str(REPO / ".venv/bin/python")]
+    if check:
+        argv.append("--check")
+    r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    head, sep, body = r.stdout.partition(" => ")
+    assert sep, r.stdout + r.stderr
+    res = json.loads(body)
+    res["failed"] = "FAILED!" in head  # the ad hoc line says it; 2.19 leaves the key out of the printed result
+    return res
+
+
+pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the controller venv (make venv)")
+
+
+def test_facts_from_the_stand_in_in_check_mode(tmp_path):
+    res = run_module(tmp_path, check=True)
+    assert not res.get("failed") and res["changed"] is False
+    assert "ansible_facts" not in res  # nothing for the persistent fact cache
+    f = res["nvidia_gpu_facts"]
+    assert (f["driver_version"], f["cuda_version"], f["gpu_count"]) == ("580.159.04", "13.0", 4)
+    assert [g["pci_bus_id"] for g in f["gpus"]] == [f"00000000:00:0{i}.0" for i in (6, 7, 8, 9)]
+    assert f["gpus"][0]["nvlink"]["active"] == 18
+    assert f["fabricmanager_version"] == "580.159.04" and f["fabricmanager_source"] == "binary"
+    assert f["nvswitch"]["present"] and f["fabric_applicable"]
+    assert f["nvidia_smi"].endswith("tests/sim/standin/nvidia-smi")
+
+
+def test_driver_not_loaded_names_the_node_and_cause(tmp_path):
+    res = run_module(tmp_path, faults=["error"])
+    assert res["failed"]
+    assert res["msg"].startswith(socket.gethostname() + ":")
+    assert "kernel module is not loaded" in res["cause"] and "exit 9" in res["msg"] and "Fix:" in res["msg"]
+
+
+def test_missing_nvidia_smi(tmp_path):
+    res = run_module(tmp_path, args="nvidia_smi=/nonexistent/nvidia-smi")
+    assert res["failed"] and "not installed" in res["msg"]
+
+
+def test_no_fabric_manager_and_no_nvlink_call(tmp_path):
+    res = run_module(tmp_path, args="nvlink=false", faults=["fabricmanager=absent"])
+    f = res["nvidia_gpu_facts"]
+    assert f["fabricmanager_version"] is None and f["gpus"][0]["nvlink"] is None
