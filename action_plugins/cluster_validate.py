@@ -157,7 +157,8 @@ class ActionModule(ActionBase):
         import yaml
 
         defaults_file = roles_dir / "cluster" / "defaults" / "main.yml"
-        defaults = (yaml.safe_load(defaults_file.read_text()) or {}) if defaults_file.is_file() else {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        defaults = (yaml.load(defaults_file.read_text(), Loader=loader) or {}) if defaults_file.is_file() else {}
         # A reserved fact that a role documents as an input in its spec is a variable, not a fact.
         documented = {v for r in roles.values() for v in r.get("options") or {}}
         reserved = {k: v for k, v in reserved.items() if k not in documented}

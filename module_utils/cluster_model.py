@@ -137,10 +137,11 @@ def load_role_specs(roles_dir: str | Path) -> dict[str, dict]:
     """
     import yaml  # controller side only
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster on a dozen spec files
     roles: dict[str, dict] = {}
     for spec_file in sorted(Path(roles_dir).glob("*/meta/argument_specs.y*ml")):
         role = spec_file.parent.parent.name
-        data = yaml.safe_load(spec_file.read_text()) or {}
+        data = yaml.load(spec_file.read_text(), Loader=loader) or {}
         entry_points = (data.get("argument_specs") or {}) if isinstance(data, dict) else {}
         options: dict[str, dict] = {}
         for ep_name in sorted(entry_points, key=lambda n: n == "main"):  # main last: it wins
@@ -150,7 +151,7 @@ def load_role_specs(roles_dir: str | Path) -> dict[str, dict]:
         for dflt in ("defaults/main.yml", "defaults/main.yaml"):
             f = spec_file.parent.parent / dflt
             if f.is_file():
-                loaded = yaml.safe_load(f.read_text()) or {}
+                loaded = yaml.load(f.read_text(), Loader=loader) or {}
                 if isinstance(loaded, dict):
                     defaults.update(loaded)
         roles[role] = {"options": options, "defaults": defaults}
