@@ -109,7 +109,7 @@ def name_dead_rank(c: SimCluster) -> tuple[float, float]:
     want = f"first failure: node {victim} (node rank 1), rank 1"
     while True:
         s0 = time.monotonic()
-        r = play(c, "-e", "launch_entry=status")
+        r = play(c, "-e", "test_launch_entry=status")
         if want in r.stdout:
             return time.monotonic() - t0, time.monotonic() - s0
         if time.monotonic() - t0 > 600:
@@ -122,15 +122,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     c = SimCluster(args.name)
-    r = play(c, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
-    r = play(c, "-e", "launch_entry=none", *extra())
+    r = play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+    r = play(c, "-e", "test_launch_entry=none", *extra())
     if r.returncode != 0:
         print(r.stdout[-3000:])
         return 1
     rows = []
     for i in range(args.rounds):
-        play(c, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
-        r = play(c, "-e", "launch_prepare=false", *extra())
+        play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+        r = play(c, "-e", "test_launch_prepare=false", *extra())
         launch = task_duration(r.stdout, "launch : Start torchrun")
         if r.returncode != 0 or launch is None:
             print(r.stdout[-3000:])
@@ -139,7 +139,7 @@ def main() -> int:
             dead, status_s = name_dead_rank(c)
         else:
             dead = status_s = float("nan")
-        play(c, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+        play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
         hand = by_hand(c, 39600 + i)
         rows.append((launch, hand, dead, status_s))
         print(f"round {i + 1}: launch task {launch:.2f} s, by hand over SSH {hand:.2f} s, "
@@ -152,7 +152,7 @@ def main() -> int:
     dead, status_s = rows[-1][2], rows[-1][3]
     print(f"\ntime from kill -9 of node rank 1's rank to the status play naming it: {dead:.1f} s "
           f"(one status play: {status_s:.1f} s)")
-    play(c, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+    play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     return 0
 
 

@@ -2,7 +2,7 @@
 data network, inside each node's training container (runtime docker, pid_mode host).
 
 Runs tests/integration/playbooks/launch.yml (container role, a stand-in env file, the launch role; the cluster
-model set as playbooks/validate.yml sets it) and, when the cluster role exists, playbooks/status.yml.
+model from playbooks/validate.yml) and playbooks/status.yml.
 The tests run in order on one job: launch → idempotent relaunch → kill -9 of a rank → status names it, the
 survivors exit → relaunch resumes → stop leaves nothing of the job and spares a decoy named torchrun.
 """
@@ -13,11 +13,10 @@ import json
 import re
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, parse_recap
+from conftest import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
@@ -74,6 +73,11 @@ def token_holders(cluster, node, token) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def status_play(cluster):
+    """playbooks/status.yml (validate, then every node's job state)."""
+    return cluster.playbook("playbooks/status.yml")
+
+
 def head_step(cluster) -> int:
     steps = re.findall(r"trainyard: step (\d+) ", log_of(cluster, cluster.head))
     return int(steps[-1]) if steps else 0
@@ -89,18 +93,18 @@ def latest_complete(cluster) -> int:
 @pytest.fixture(scope="module")
 def job(cluster):
     """The training container on every node, no job, no checkpoints; the job stopped at the end."""
-    r, _ = play(cluster, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+    r, _ = play(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
     for node in cluster.nodes:
         cluster.exec(node, ["sh", "-c", f"rm -rf {OUT}/checkpoint-* {STATE}/torchrun.log*"])
-    r, _ = play(cluster, "-e", "launch_entry=none", *EXTRA)
+    r, _ = play(cluster, "-e", "test_launch_entry=none", *EXTRA)
     assert r.returncode == 0, r.stdout[-3000:]
     yield cluster
-    play(cluster, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+    play(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
 
 
 def test_check_mode_shows_each_nodes_command_and_starts_nothing(job):
-    r, recap = play(job, "--check", "-v", "-e", "launch_prepare=false", *EXTRA)
+    r, recap = play(job, "--check", "-v", "-e", "test_launch_prepare=false", *EXTRA)
     assert r.returncode == 0, r.stdout[-3000:]
     for rank, node in enumerate(job.nodes):
         assert f"--node_rank={rank}" in r.stdout
@@ -110,7 +114,7 @@ def test_check_mode_shows_each_nodes_command_and_starts_nothing(job):
 
 
 def test_all_ranks_rendezvous_and_train_20_steps(job):
-    r, recap = play(job, "-e", "launch_prepare=false", *EXTRA)
+    r, recap = play(job, "-e", "test_launch_prepare=false", *EXTRA)
     assert r.returncode == 0, r.stdout[-4000:]
     assert all(recap[n]["changed"] >= 1 and recap[n]["failed"] == 0 for n in job.nodes)
     for rank, node in enumerate(job.nodes):
@@ -124,7 +128,7 @@ def test_all_ranks_rendezvous_and_train_20_steps(job):
 
 def test_second_launch_starts_no_second_copy(job):
     before = {n: state_of(job, n) for n in job.nodes}
-    r, recap = play(job, "-e", "launch_prepare=false", *EXTRA)
+    r, recap = play(job, "-e", "test_launch_prepare=false", *EXTRA)
     assert r.returncode == 0, r.stdout[-4000:]
     for node in job.nodes:
         assert recap[node]["changed"] == 0, r.stdout[-4000:]
@@ -146,7 +150,7 @@ def test_kill_one_rank_status_names_it_and_survivors_exit(job):
     elapsed = time.monotonic() - t0
     assert gone, "surviving ranks still running after %.0f s" % elapsed
     assert elapsed < 60, "surviving ranks took %.0f s to exit" % elapsed  # the issue's fail-fast bound
-    r, _ = play(job, "-e", "launch_entry=status")
+    r = status_play(job)
     assert r.returncode != 0  # the status play fails when a rank died
     assert f"first failure: node {victim} (node rank 1), rank 1 (local rank 0), exit code -9 (SIGKILL)" in r.stdout, \
         r.stdout[-4000:]
@@ -157,7 +161,7 @@ def test_kill_one_rank_status_names_it_and_survivors_exit(job):
 def test_relaunch_resumes_from_the_last_complete_checkpoint(job):
     ckpt = latest_complete(job)
     assert ckpt >= 5
-    r, recap = play(job, "-e", "launch_prepare=false", *EXTRA)
+    r, recap = play(job, "-e", "test_launch_prepare=false", *EXTRA)
     assert r.returncode == 0, r.stdout[-4000:]
     assert f"resume from {OUT}/checkpoint-{ckpt}," in r.stdout
     line = f"trainyard: resumed from {OUT}/checkpoint-{ckpt} at step {ckpt}"
@@ -178,7 +182,7 @@ def test_stop_leaves_no_process_of_the_job_and_spares_a_decoy(job):
         decoys[node] = wait_until(lambda: [p for p, _, a in ps(job, node) if a == f"{decoy} 900"], 10)
         assert decoys[node]
     try:
-        r, recap = play(job, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+        r, recap = play(job, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
         assert r.returncode == 0, r.stdout[-3000:]
         for node in job.nodes:
             assert recap[node]["changed"] >= 1
@@ -186,7 +190,7 @@ def test_stop_leaves_no_process_of_the_job_and_spares_a_decoy(job):
             assert not any("ddp_train.py" in a or "launcher.py" in a for _, _, a in ps(job, node))
             assert state_of(job, node) is None
             assert [p for p, _, a in ps(job, node) if a == f"{decoy} 900"] == decoys[node]
-        r, recap = play(job, "-e", "launch_entry=reset", "-e", "launch_prepare=false")
+        r, recap = play(job, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
         assert r.returncode == 0 and all(recap[n]["changed"] == 0 for n in job.nodes)
     finally:
         for node in job.nodes:
@@ -194,9 +198,8 @@ def test_stop_leaves_no_process_of_the_job_and_spares_a_decoy(job):
                 job.exec(node, ["kill", str(pid)], check=False)
 
 
-@pytest.mark.skipif(not (REPO / "roles/cluster/tasks/validate.yml").exists(),
-                    reason="playbooks/status.yml imports validate.yml (role cluster) which is not in the tree yet")
-def test_status_playbook_reports_every_node(job):
-    r = job.playbook("playbooks/status.yml")
+def test_status_after_stop_reports_no_job(job):
+    r = status_play(job)
+    assert r.returncode == 0, r.stdout[-3000:]
     for node in job.nodes:
-        assert node in r.stdout
+        assert re.search(rf"{node}\s+rank -\s+absent", r.stdout)
