@@ -197,6 +197,8 @@ class Probe(object):
         return None
 
     def ifupdown(self, iface):
+        if not (self.module.get_bin_path("ifup") or os.path.exists("/sbin/ifup")):
+            return None  # a file nothing reads at boot would persist nothing
         paths = ["/etc/network/interfaces"] + sorted(glob.glob("/etc/network/interfaces.d/*"))
         for path in paths:
             text = read(path)

@@ -36,7 +36,7 @@ def test_data_mtu_per_node_while_ansible_keeps_working(cluster):
     assert cluster.mtu(worker) == cluster.meta["mtu"] == 9000
     # Change the worker's data MTU through Ansible itself, over the management network.
     r = run_playbook(cluster.inventory, "tests/integration/playbooks/set_data_mtu.yml",
-                     "-e", f"target={worker}", "-e", "mtu=1500")
+                     "--limit", worker, "-e", "mtu=1500")
     assert r.returncode == 0, r.stdout
     try:
         assert cluster.mtu(worker) == 1500

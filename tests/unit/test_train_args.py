@@ -27,7 +27,7 @@ def test_generic_and_llamafactory_profiles(tmp_path):
         argv = facts["train_args_argv"]
         assert argv == ["--steps", "200", "--save-every", "10", "--sleep", "0.2", "--output-root", f"{tmp_path}/outputs"]
     entry = c.records(p, "train_args.entrypoint")["node1"]
-    assert entry["status"] == "warn" and "not on the node yet" in entry["detail"]
+    assert entry["status"] == "skip" and "the launch role copies its example there" in entry["detail"]
 
     (tmp_path / "code" / "LLaMA-Factory" / "src").mkdir(parents=True)
     (tmp_path / "code" / "LLaMA-Factory" / "src" / "train.py").write_text("")

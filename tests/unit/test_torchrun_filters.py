@@ -1,0 +1,62 @@
+"""roles/launch/filter_plugins/launch_filters.py: every node's status folded into one view that names the first
+failing node and rank, fed with the module's own results parsed from real torchrun logs."""
+
+from __future__ import annotations
+
+from conftest import REPO, load
+
+import torchrun as tr
+
+lf = load("roles/launch/filter_plugins/launch_filters.py", "launch_filters")
+DATA = REPO / "tests/data/torchrun"
+
+
+def node_result(log_name, node_rank, state="failed"):
+    """What torchrun_launch state=status returns for a node whose log is log_name."""
+    text = (DATA / log_name).read_text()
+    f = tr.root_cause(text)
+    f["node_rank"] = node_rank
+    f["sort_key"] = [k if k != float("inf") else 1e18 for k in tr.failure_sort_key(f)]
+    return {"state": state, "node_rank": node_rank, "failure": f, "log": "/var/lib/trainyard/train/torchrun.log",
+            "log_tail": tr.failure_tail(text, 5), "last_log_line": tr.last_line(text), "pid": 100 + node_rank}
+
+
+def test_names_the_killed_node_not_the_earlier_survivor():
+    hv = {"n1": {"__launch_status": node_result("sim_node_survivor.log", 0)},
+          "n2": {"__launch_status": node_result("sim_node_killed.log", 1)},
+          "n3": {"__launch_status": node_result("sim_node_survivor.log", 2)}}
+    s = lf.status_summary(hv, ["n1", "n2", "n3"])
+    assert s["state"] == "failed"
+    assert s["first_failure"]["node"] == "n2" and s["first_failure"]["rank"] == 1
+    assert s["failure_text"].startswith("first failure: node n2 (node rank 1), rank 1 (local rank 0), exit code -9 "
+                                        "(SIGKILL)")
+    assert "torchrun exited with code 1" in s["failure_text"]
+    assert [n["state"] for n in s["nodes"]] == ["failed"] * 3
+
+
+def test_all_running_and_all_finished():
+    run = {"state": "running", "node_rank": 0, "last_log_line": "trainyard: step 5 loss 0.1", "failure": None}
+    hv = {"a": {"__launch_status": run}, "b": {"__launch_status": dict(run, node_rank=1)}}
+    s = lf.status_summary(hv, ["a", "b"])
+    assert s["state"] == "running" and s["first_failure"] is None and s["failure_text"] == ""
+    assert "trainyard: step 5 loss 0.1" in s["lines"][0]
+    fin = {"a": {"__launch_status": dict(run, state="finished")}, "b": {"__launch_status": dict(run, state="finished")}}
+    assert lf.status_summary(fin, ["a", "b"])["state"] == "finished"
+
+
+def test_unreachable_and_partial():
+    run = {"state": "running", "node_rank": 0, "failure": None}
+    hv = {"a": {"__launch_status": run}, "b": {}}
+    s = lf.status_summary(hv, ["a", "b"], reachable=["a"])
+    assert s["state"] == "unreachable" and s["nodes"][1]["state"] == "unreachable"
+    hv = {"a": {"__launch_status": run}, "b": {"__launch_status": {"state": "absent"}}}
+    assert lf.status_summary(hv, ["a", "b"])["state"] == "partial"
+
+
+def test_a_dead_agent_without_report_is_still_named():
+    dead = {"state": "failed", "node_rank": 2, "failure": None, "exit": {"returncode": -9}, "log": "/l",
+            "log_tail": "trainyard: step 9"}
+    ok = {"state": "running", "node_rank": 0, "failure": None}
+    s = lf.status_summary({"a": {"__launch_status": ok}, "c": {"__launch_status": dead}}, ["a", "c"])
+    assert s["first_failure"]["node"] == "c" and s["first_failure"]["rank"] is None
+    assert "its torchrun agent" in s["failure_text"]
