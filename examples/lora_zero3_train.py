@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 from torch.utils.data import Dataset
@@ -56,6 +57,10 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--resume-from", default=os.environ.get("TRAINYARD_RESUME_FROM", ""))
     p.add_argument("--logging-dir", default="")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (tests)")
+    # Output roots are node-local: every node keeps trainer state next to its own DeepSpeed shards, or no worker
+    # node can resume (and the janitor never sees a complete checkpoint there).
+    p.add_argument("--no-save-on-each-node", dest="save_on_each_node", action="store_false")
     args = p.parse_args()
 
     from peft import LoraConfig, get_peft_model
@@ -77,12 +82,15 @@ def main() -> int:
             if state.global_step >= 1 and not getattr(self, "done", False):
                 self.done = True
                 print(f"trainyard: first step done (step {state.global_step})", flush=True)
+            if args.step_sleep > 0:
+                time.sleep(args.step_sleep)
 
     targs = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size, max_steps=args.max_steps,
         save_steps=args.save_steps, save_strategy="steps", logging_steps=1, bf16=True, deepspeed=args.deepspeed,
         report_to=["tensorboard"] if args.logging_dir else [],
-        learning_rate=1e-3, save_only_model=False, dataloader_num_workers=0, seed=0)
+        learning_rate=1e-3, save_only_model=False, save_on_each_node=args.save_on_each_node,
+        dataloader_num_workers=0, seed=0)
     trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(512, args.seq_len, cfg.vocab_size),
                       callbacks=[FirstStep()])
     resume = args.resume_from if args.resume_from and os.path.isdir(args.resume_from) else None

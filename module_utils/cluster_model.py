@@ -30,7 +30,8 @@ TRAINERS = "trainers"
 KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "container_", "nccl_env_",
                   "deepspeed_config_", "train_args_", "launch_", "janitor_")
 # Cluster variables that may differ between nodes; every other cluster_* value must be the same everywhere.
-PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface"})
+# Node-local settings that may differ per node (interface names, disk mount points); the rest is one value per cluster.
+PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface", "cluster_output_root", "cluster_state_dir"})
 MTU_RANGE = (1280, 9216)
 PORT_RANGE = (1024, 65535)
 BAD_IFACE_PATTERNS = (r"lo", r"docker.*", r"veth.*", r"br-.*", r"virbr.*", r"cni.*", r"flannel.*", r"cali.*",
@@ -465,6 +466,9 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
             if not found:
                 typed[h][var] = _coerce(value, spec.get("type", "str")) if var in lenient.get(h, ()) else value
 
+    # ---- options of different roles that contradict each other
+    problems += _check_across_roles(hosts, typed, specs)
+
     # ---- host identity: node_rank, addresses
     problems += _check_ranks(hosts, hostvars, lenient)
     problems += _check_addresses(hosts, hostvars)
@@ -491,6 +495,21 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
 
     merged = merge(problems)
     return [p.line(hosts) for p in merged]
+
+
+def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: Mapping[str, Mapping]) -> list[Problem]:
+    """Well-typed options of two roles that cannot both hold."""
+    problems: list[Problem] = []
+    runtime_default = ((specs.get("launch") or {}).get("launch_runtime") or {}).get("default", "docker")
+    for h in hosts:
+        t = typed.get(h) or {}
+        runtime = t.get("launch_runtime", runtime_default)
+        if t.get("container_enabled") is False and runtime == "docker":
+            problems.append(Problem("container_enabled is false while launch_runtime is docker (the job would "
+                                    "start inside a training container that nothing creates)",
+                                    "set launch_runtime: host to run the job on the node itself, or remove "
+                                    "container_enabled", "container_enabled", False, [h], True))
+    return problems
 
 
 def _check_ranks(hosts: list[str], hostvars: Mapping, lenient: Mapping) -> list[Problem]:

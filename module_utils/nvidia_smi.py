@@ -316,6 +316,19 @@ def version_drift(versions):
     return {"majority": majority, "odd": odd, "missing": missing}
 
 
+def used_gpus(gpus, visible=None):
+    """The GPUs a node's ranks use: those its visible devices name (by index or UUID), else all of them.
+    A visible list that names no GPU leaves the list whole (the gpu_map check reports that)."""
+    gpus = gpus or []
+    if not visible:
+        return gpus
+    try:
+        keep = set(m["uuid"] for m in gpu_map(gpus, visible))
+    except ValueError:
+        return gpus
+    return [g for g in gpus if g.get("uuid") in keep]
+
+
 def cross_node_uuid_duplicates(gpus_by_host):
     """{host: [gpu, ...]} -> [{uuid, hosts: [..]}] for UUIDs seen on more than one node (cloned images,
     a node that reports another node's GPUs)."""
@@ -445,8 +458,11 @@ def driver_records(host, facts, all_facts, opts):
         "Two GPUs of %s claim one PCI address: the GPU order (and the local-rank map) cannot be trusted. "
         "Reboot the node; if it persists, the node is sick: replace it" % host))
 
-    # UUIDs unique across the cluster (and within the node).
-    cross = [d for d in cross_node_uuid_duplicates(dict((h, (f or {}).get("gpus")) for h, f in all_facts.items()))
+    # UUIDs unique across the cluster (and within the node): what must never happen is two nodes' ranks on one
+    # GPU, so each node counts the GPUs it uses (its visible devices when it sets them, else all of them).
+    visible_by_host = opts.get("visible_by_host") or {}
+    cross = [d for d in cross_node_uuid_duplicates(dict((h, used_gpus((f or {}).get("gpus"), visible_by_host.get(h)))
+                                                        for h, f in all_facts.items()))
              if host in d["hosts"]]
     local = duplicates([g.get("uuid") for g in gpus])
     if cross or local:
@@ -457,8 +473,11 @@ def driver_records(host, facts, all_facts, opts):
                          "(check ansible_host of %s), or the node reports another node's GPUs; fix the inventory "
                          "or replace the node" % ", ".join(sorted(set(h for d in cross for h in d["hosts"])) or [host])))
     else:
+        mine = used_gpus(gpus, visible_by_host.get(host))
         recs.append(_rec("nvidia_driver.uuid_unique", "pass",
-                         "%d GPU UUIDs, none seen on another node" % len(gpus)))
+                         "%d GPU UUIDs, none seen on another node" % len(gpus) if len(mine) == len(gpus) else
+                         "%d GPU UUIDs, the %d in use (visible devices %s) used by no other node"
+                         % (len(gpus), len(mine), visible_by_host.get(host))))
 
     # The local-rank -> GPU map torchrun will use.
     visible = opts.get("visible_devices")

@@ -362,6 +362,10 @@ def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: 
         "nvidia_driver_install: false\n"
         "fabricmanager_install: false\n"
         "container_engine_install: false\n"
+        "# CPU nodes: the NCCL check measures gloo over the data network; 64 MiB and a CPU-sized floor\n"
+        "# (gloo between simulated nodes on a 2-core machine: 0.3-0.7 GB/s).\n"
+        "nccl_check_size_mb: 64\n"
+        "nccl_check_min_inter_busbw_gbps: 0.05\n"
         f"container_image: {gateway}:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}\n")
     meta = {"name": name, "nodes": nodes, "mgmt": mgmt_ips, "data": data_ips, "mtu": mtu,
             "gateway": gateway, "key": str(key), "inventory": str(inv)}

@@ -244,6 +244,22 @@ def test_same_uuids_on_two_nodes():
     assert records_for(c, "n1")["nvidia_driver.uuid_unique"]["status"] == "pass"
 
 
+def test_two_entries_on_one_machine_pass_only_when_their_visible_devices_split_the_gpus():
+    c = healthy_cluster()
+    c["n3"]["gpus"] = [dict(g) for g in c["n2"]["gpus"]]  # n2 and n3 are one machine with 4 GPUs
+    split = {"n1": "", "n2": "0,1", "n3": "2,3"}
+    r = records_for(c, "n3", visible_by_host=split)["nvidia_driver.uuid_unique"]
+    assert r["status"] == "pass" and "the 2 in use (visible devices 2,3)" in r["detail"]
+    overlap = {"n1": "", "n2": "0,1", "n3": "1,2"}
+    r = records_for(c, "n3", visible_by_host=overlap)["nvidia_driver.uuid_unique"]
+    shared = c["n2"]["gpus"][1]["uuid"]
+    assert r["status"] == "fail" and r["detail"] == f"GPU UUID seen more than once: {shared} on n2, n3"
+    by_uuid = {"n2": c["n2"]["gpus"][0]["uuid"], "n3": c["n2"]["gpus"][3]["uuid"][:12]}
+    assert records_for(c, "n3", visible_by_host=by_uuid)["nvidia_driver.uuid_unique"]["status"] == "pass"
+    # only one side partitions: the other still uses every GPU, so they share
+    assert records_for(c, "n3", visible_by_host={"n3": "2,3"})["nvidia_driver.uuid_unique"]["status"] == "fail"
+
+
 def test_failed_nvidia_smi_fails_one_check_and_skips_the_rest():
     c = healthy_cluster()
     c["n2"] = None

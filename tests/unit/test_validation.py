@@ -190,3 +190,12 @@ def test_cluster_spec_matches_defaults():
         assert options[name].get("default") == value, name
     nested = options["cluster_preflight"]["options"]
     assert {k: v["default"] for k, v in nested.items()} == VARS["_cluster_preflight_defaults"]
+
+
+def test_container_off_with_the_docker_runtime_is_stopped():
+    problems = run(three(container_enabled=False))
+    assert len(problems) == 1
+    assert problems[0].startswith("Stop if container_enabled is false while launch_runtime is docker")
+    assert "on all 3 trainers (container_enabled = false)" in problems[0] and "launch_runtime: host" in problems[0]
+    assert run(three(container_enabled=False, launch_runtime="host")) == []
+    assert run(three(container_enabled=True)) == []

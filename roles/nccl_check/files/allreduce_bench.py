@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     elapsed = float(t.item())
     algbw, busbw = bus_bandwidth(nbytes, elapsed, world)
-    if rank == 0:
+    # Every node reports (its local rank 0): each node's check records the cluster's figure, not only the head's.
+    if local_rank == 0:
         result = {
             "label": args.label, "backend": backend, "world_size": world,
             "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "0")) or 0),
