@@ -126,6 +126,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -249,6 +250,9 @@ def serve(sock, seconds, expect):
         if ready:
             try:
                 conn, _ = sock.accept()
+                # Abortive close (RST): a normal close here would leave TIME_WAIT on the rendezvous port for a
+                # minute, and a job that binds it without SO_REUSEADDR would find it "in use".
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()
                 seen += 1
             except (OSError, socket.error):

@@ -130,6 +130,22 @@ class Acceptance:
                     kids.append(int(entry))
         return kids
 
+    def ranks(self, pid: int) -> list[int]:
+        """The rank processes under the job's launcher (pid): descendants running the entry point, not torchrun."""
+        found, todo = [], [pid]
+        while todo:
+            for kid in self.children(todo.pop()):
+                todo.append(kid)
+                try:
+                    argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                text = b" ".join(argv).decode(errors="replace")
+                if re.search(r"(lora_zero3_train|ddp_train)\.py", text) and "torchrun" not in text \
+                        and "torch.distributed.run" not in text and "launcher.py" not in text:
+                    found.append(kid)
+        return sorted(found)
+
     def sizes(self) -> int:
         total = 0
         for rank in (0, 1):
@@ -179,9 +195,9 @@ class Acceptance:
         self.check("checkpoint", bool(saved), f"complete checkpoints: node0 {self.complete_steps(0)}, "
                    f"node1 {self.complete_steps(1)}")
         state = json.loads((self.node_dir(1, "state") / "gpu-accept" / "launch.json").read_text())
-        ranks = self.children(int(state["pid"]))
+        ranks = self.ranks(int(state["pid"]))
         victim = ranks[0] if ranks else None
-        self.check("kill", victim is not None, f"node 1 agent {state['pid']} has rank processes {ranks}")
+        self.check("kill", victim is not None, f"node 1 job {state['pid']} has rank processes {ranks}")
         if victim is None:
             return self.finish(sampling)
         os.kill(victim, signal.SIGKILL)
@@ -194,7 +210,7 @@ class Acceptance:
                 break
         self.results["figures"]["kill_to_named_s"] = round(time.monotonic() - t_kill, 1)
         self.check("status", bool(named), named.group(0) if named else "status.yml never named gpu-node1")
-        survivors_gone = self.wait(lambda: not self.children(int(json.loads(
+        survivors_gone = self.wait(lambda: not self.ranks(int(json.loads(
             (self.node_dir(0, "state") / "gpu-accept" / "launch.json").read_text())["pid"])), 300, 1)
         self.results["figures"]["kill_to_survivors_exit_s"] = round(time.monotonic() - t_kill, 1)
         self.check("fail-fast", bool(survivors_gone), "node 0's ranks exited after the kill")
@@ -228,7 +244,7 @@ class Acceptance:
         self.results["figures"]["output_peak_bytes"] = peak["bytes"]
         self.results["figures"]["output_end_bytes"] = self.sizes()
         janitor_log = "\n".join(p.read_text(errors="replace") for p in self.root.glob("node*/state/gpu-accept/janitor*.log"))
-        freed = [int(x) for x in re.findall(r"freed (\d+) bytes", janitor_log)]
+        freed = [int(x) for x in re.findall(r"deleted (\d+) bytes", janitor_log)]
         self.results["figures"]["janitor_freed_bytes"] = sum(freed)
 
         # 5. NCCL's socket defaults on the same two nodes, for the tcp profile's ratio

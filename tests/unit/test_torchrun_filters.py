@@ -60,3 +60,20 @@ def test_a_dead_agent_without_report_is_still_named():
     s = lf.status_summary({"a": {"__launch_status": ok}, "c": {"__launch_status": dead}}, ["a", "c"])
     assert s["first_failure"]["node"] == "c" and s["first_failure"]["rank"] is None
     assert "its torchrun agent" in s["failure_text"]
+
+
+def test_an_agent_killed_from_outside_is_named_before_the_connection_errors_it_caused():
+    """kill -9 of one node's torchrun agent: that node's log has no per-rank report, the other node's ranks log
+    'Connection closed by peer' a second later. The dead agent is the cause."""
+    survivor = node_result("sim_node_survivor.log", 0)
+    killed_at = survivor["failure"]["time_epoch"] - 1
+    dead = {"state": "failed", "node_rank": 1, "failure": None, "log": "/l1", "log_tail": "trainyard: step 9",
+            "exit": {"returncode": -9, "ended_at": killed_at}}
+    s = lf.status_summary({"a": {"__launch_status": survivor}, "b": {"__launch_status": dead}}, ["a", "b"])
+    assert s["first_failure"]["node"] == "b"
+    assert s["failure_text"].startswith("first failure: node b (node rank 1), its torchrun agent, exit code -9 "
+                                        "(SIGKILL)")
+    # torn down by SIGTERM (a user's stop), the agent is not the cause: the survivor's failure is named
+    torn = dict(dead, exit={"returncode": -15, "ended_at": killed_at})
+    s = lf.status_summary({"a": {"__launch_status": survivor}, "b": {"__launch_status": torn}}, ["a", "b"])
+    assert s["first_failure"]["node"] == "a"

@@ -4,6 +4,8 @@ folded into one cluster view with the first failing node and rank (tests/unit/te
 
 from __future__ import annotations
 
+import signal
+
 _BIG = 1e18
 
 
@@ -25,27 +27,46 @@ def _node_state(res):
     return res.get("state") or "unknown"
 
 
+_TEARDOWN = (2, 15)  # SIGINT, SIGTERM: torchrun or a user tearing the job down, not a cause
+
+
+def _agent_failure(node, res):
+    """A node whose torchrun agent itself died (no per-rank report in its log), as a failure to rank with the
+    others: killed by a signal from outside (OOM killer, kill -9) it is a cause, ordered by when it ended."""
+    exit_info = res.get("exit") or {}
+    rc = exit_info.get("returncode")
+    sig = -rc if isinstance(rc, int) and rc < 0 else None
+    klass = 3 if sig in _TEARDOWN else 0 if sig else 1
+    try:
+        name = signal.Signals(sig).name if sig else None
+    except ValueError:
+        name = "signal %d" % sig
+    ended = exit_info.get("ended_at")
+    return {"node": node, "node_rank": res.get("node_rank"), "rank": None, "local_rank": None,
+            "exitcode": rc, "signal": name, "log": res.get("log"), "log_tail": res.get("log_tail", ""),
+            "traceback": "no torchrun failure report in the log (the agent itself died?)",
+            "sort_key": [klass, float(ended) if ended is not None else _BIG,
+                         float(res.get("node_rank") if res.get("node_rank") is not None else _BIG), _BIG]}
+
+
 def first_failure(results):
-    """results: {node: module result}. The failure to name first (with its node added), or None."""
+    """results: {node: module result}. The failure to name first (with its node added), or None. Nodes whose
+    agent died without a torchrun report compete too: an agent killed from outside is a cause, and the
+    connection errors it leaves on the other nodes are its consequences."""
     fails = []
     for node, res in results.items():
-        if isinstance(res, dict) and isinstance(res.get("failure"), dict):
+        if not isinstance(res, dict):
+            continue
+        if isinstance(res.get("failure"), dict):
             f = dict(res["failure"])
             f["node"] = node
             f.setdefault("node_rank", res.get("node_rank"))
             f["log"] = res.get("log")
             f["log_tail"] = res.get("log_tail", "")
             fails.append(f)
-    if not fails:
-        # A job that died without a torchrun report (the agent itself killed): still name the node.
-        for node, res in sorted(results.items(), key=lambda kv: (kv[1] or {}).get("node_rank") or 0):
-            if _node_state(res) == "failed":
-                return {"node": node, "node_rank": res.get("node_rank"), "rank": None, "local_rank": None,
-                        "exitcode": (res.get("exit") or {}).get("returncode"), "signal": None,
-                        "log": res.get("log"), "log_tail": res.get("log_tail", ""),
-                        "traceback": "no torchrun failure report in the log (the agent itself died?)"}
-        return None
-    return min(fails, key=_key)
+        elif _node_state(res) == "failed":
+            fails.append(_agent_failure(node, res))
+    return min(fails, key=_key) if fails else None
 
 
 def describe_failure(f):
