@@ -90,6 +90,8 @@ def main() -> int:
         save_steps=args.save_steps, save_strategy="steps", logging_steps=1, bf16=True, deepspeed=args.deepspeed,
         report_to=["tensorboard"] if args.logging_dir else [],
         learning_rate=1e-3, save_only_model=False, save_on_each_node=args.save_on_each_node,
+        # the deliberate collective timeout of the rendered environment (role nccl_env), not torch's 30 minutes
+        ddp_timeout=int(os.environ.get("TRAINYARD_COLLECTIVE_TIMEOUT_S", "1800")),
         dataloader_num_workers=0, seed=0)
     trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(512, args.seq_len, cfg.vocab_size),
                       callbacks=[FirstStep()])

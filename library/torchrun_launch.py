@@ -299,11 +299,11 @@ from ansible.module_utils import procgroup as pg
 from ansible.module_utils import torchrun as tr
 
 try:
-    from ansible.module_utils.checkpoints import latest_complete_checkpoint
+    from ansible.module_utils.checkpoints import ensure_deepspeed_latest, latest_complete_checkpoint
     HAS_CHECKPOINTS = True
     CHECKPOINTS_IMPORT_ERROR = None
 except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing or broken
-    latest_complete_checkpoint = None
+    latest_complete_checkpoint = ensure_deepspeed_latest = None
     HAS_CHECKPOINTS = False
     CHECKPOINTS_IMPORT_ERROR = str(e)
 
@@ -623,6 +623,15 @@ class Launch(object):
             self.result.update(changed=True, state="started",
                                sidecars=[{"name": s["name"], "argv": s["argv"]} for s in p["sidecars"]])
             return self.result
+
+        # DeepSpeed tags its checkpoints on global rank 0's node only: give this node's copy its tag to resume from.
+        if resume and HAS_CHECKPOINTS:
+            try:
+                tag = ensure_deepspeed_latest(resume)
+            except OSError as e:
+                self.m.fail_json(msg="cannot write DeepSpeed's latest tag into %s: %s" % (resume, e), **self.result)
+            if tag:
+                self.result["deepspeed_latest_written"] = tag
 
         # Leftovers of the previous launch of this job (a sidecar still running after the job died).
         if state is not None and self.all_procs(state):

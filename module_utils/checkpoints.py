@@ -216,6 +216,35 @@ def latest_complete_checkpoint(root: str, markers=DEFAULT_MARKERS, max_depth: in
     return os.path.join(root.rstrip("/") or "/", os.path.relpath(best.path, rroot))
 
 
+DEEPSPEED_TAG_RE = re.compile(r"global_step\d+")
+
+
+def ensure_deepspeed_latest(checkpoint: str) -> str | None:
+    """Write DeepSpeed's ``latest`` tag file into a node's copy of a checkpoint when it is missing.
+
+    DeepSpeed writes ``<checkpoint>/latest`` on global rank 0 only, also with ``checkpoint.use_node_local_storage``,
+    so on every other node of a cluster with node-local output roots the checkpoint has its shards but no tag, and
+    the HF Trainer refuses to resume ("[deepspeed] failed to resume from checkpoint"). With exactly one
+    ``global_step*`` directory the tag is certain and is written; with none or several nothing is guessed.
+    Returns the tag written, or None. Never follows a symlinked ``latest``.
+    """
+    latest = os.path.join(checkpoint, "latest")
+    if os.path.lexists(latest) or not os.path.isdir(checkpoint):
+        return None
+    try:
+        tags = [e.name for e in os.scandir(checkpoint)
+                if DEEPSPEED_TAG_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return None
+    if len(tags) != 1:
+        return None
+    tmp = latest + ".trainyard-tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(tags[0])
+    os.replace(tmp, latest)
+    return tags[0]
+
+
 def _best_model_name(ckpt_dir: str) -> str | None:
     try:
         fd = os.open(os.path.join(ckpt_dir, "trainer_state.json"), os.O_RDONLY | os.O_NOFOLLOW)

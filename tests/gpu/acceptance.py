@@ -13,7 +13,8 @@ Each step runs the product's own playbooks (ansible-playbook with a local connec
   3. reset.yml; then nothing of the job is left;
   4. site.yml again: the job resumes from the last checkpoint, trains to the end, and its saved adapter holds
      every LoRA tensor, non-empty; the output roots' peak size is sampled throughout (the janitor prunes);
-  5. playbooks/nccl_check.yml with NCCL's socket defaults (1 socket x 1 thread), for the tcp-profile ratio;
+  5. playbooks/nccl_check.yml with NCCL's own socket defaults (the tuning variables left out), for the
+     tcp profile's ratio;
   6. playbooks/nccl_check.yml on the whole machine as one node (tests/gpu/one-node: NVLink), and a plain
      torch.distributed all-reduce (tests/gpu/plain_allreduce.py) for comparison.
 Writes OUTDIR/acceptance.json and OUTDIR/figures.md (logs and reports beside them); exits 1 when a step fails.
@@ -108,6 +109,12 @@ class Acceptance:
         return {r["host"]: r for r in self.report(name)["records"] if r["check"] == check}
 
     @staticmethod
+    def task_seconds(log: str, task: str) -> float | None:
+        """A task's duration from profile_tasks: printed on the timestamp line under the next task's header."""
+        m = re.search(r"TASK \[" + re.escape(task) + r"\].*?\nTASK \[.*?\n[^\n]*\((\d+):(\d+):([\d.]+)\)", log, re.S)
+        return round(int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)), 1) if m else None
+
+    @staticmethod
     def wait(cond, timeout: float, step: float = 0.5):
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -172,9 +179,9 @@ class Acceptance:
         # 1. site.yml: preflight, render, NCCL check, launch (to the first step)
         rc, log, took = self.playbook("site", "site.yml")
         self.check("site", rc == 0, f"site.yml rc {rc} in {took:.1f} s")
-        m = re.search(r"launch : Start torchrun -+ ([\d.]+)s", log)
-        if m:
-            self.results["figures"]["launch_to_first_step_s"] = float(m.group(1))
+        took_launch = self.task_seconds(log, "launch : Start torchrun")
+        if took_launch is not None:
+            self.results["figures"]["launch_to_first_step_s"] = took_launch
         smi = self.records("site", "nvidia_driver.smi")
         gmap = self.records("site", "nvidia_driver.gpu_map")
         fabric = self.records("site", "fabricmanager.fabric")
@@ -247,10 +254,10 @@ class Acceptance:
         freed = [int(x) for x in re.findall(r"deleted (\d+) bytes", janitor_log)]
         self.results["figures"]["janitor_freed_bytes"] = sum(freed)
 
-        # 5. NCCL's socket defaults on the same two nodes, for the tcp profile's ratio
-        env_path = str(self.root / "defaults.env")
+        # 5. NCCL's own socket defaults (no NSOCKS/NTHREADS lines) on the same two nodes, for the tcp profile's ratio
+        env_path = "{{ cluster_state_dir }}/nccl-defaults.env"  # per node: both "nodes" share one filesystem
         rc, log, _ = self.playbook("nccl-defaults", "playbooks/nccl_check.yml",
-                                   extra={"nccl_env_nsocks_perthread": 1, "nccl_env_socket_nthreads": 1,
+                                   extra={"nccl_env_nsocks_perthread": 0, "nccl_env_socket_nthreads": 0,
                                           "nccl_env_path": env_path})
         inter_default = self.records("nccl-defaults", "nccl_check.inter_node").get("gpu-node0", {})
         self.results["figures"]["inter_busbw_nccl_defaults_gbps"] = inter_default.get("data", {}).get("busbw_gbps")
@@ -266,7 +273,7 @@ class Acceptance:
             plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                     str(self.ngpu), str(REPO / "tests/gpu/plain_allreduce.py"), "1024"], cwd=REPO,
                                    env=self.env, capture_output=True, text=True)
-            m = re.search(r"plain-allreduce.*?busbw[= ]+([\d.]+)", plain.stdout + plain.stderr)
+            m = re.search(r"plain-allreduce:.*?busbw_gbps=([\d.]+)", plain.stdout + plain.stderr)
             self.results["figures"]["intra_plain_busbw_gbps"] = float(m.group(1)) if m else None
             (self.out / "plain-allreduce.log").write_text(plain.stdout + plain.stderr)
         return self.finish(sampling)

@@ -305,3 +305,38 @@ def test_execute_refuses_paths_outside_root(tmp_path):
                                                        reason="forged")])
     r = ck.execute(p)
     assert (tmp_path / "victim").exists() and len(r["errors"]) == 2 and r["freed"] == 0
+
+
+def test_deepspeed_latest_is_written_on_a_node_that_has_the_shards_but_no_tag(tmp_path):
+    """DeepSpeed writes `latest` on global rank 0's node only; a worker's copy gets it from the launch."""
+    cp = tmp_path / "checkpoint-10"
+    (cp / "global_step10").mkdir(parents=True)
+    (cp / "global_step10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"x")
+    assert ck.ensure_deepspeed_latest(str(cp)) == "global_step10"
+    assert (cp / "latest").read_text() == "global_step10"
+    assert ck.ensure_deepspeed_latest(str(cp)) is None  # present now: left as it is
+    assert not list(cp.glob("*.trainyard-tmp"))
+
+
+def test_deepspeed_latest_is_never_guessed_or_overwritten(tmp_path):
+    two = tmp_path / "two"
+    (two / "global_step10").mkdir(parents=True)
+    (two / "global_step20").mkdir()
+    assert ck.ensure_deepspeed_latest(str(two)) is None and not (two / "latest").exists()
+    none = tmp_path / "none"
+    none.mkdir()
+    (none / "adapter_model.safetensors").write_bytes(b"x")
+    assert ck.ensure_deepspeed_latest(str(none)) is None and not (none / "latest").exists()
+    own = tmp_path / "own"
+    (own / "global_step30").mkdir(parents=True)
+    (own / "latest").write_text("global_step7")
+    assert ck.ensure_deepspeed_latest(str(own)) is None and (own / "latest").read_text() == "global_step7"
+    link = tmp_path / "link"
+    (link / "global_step5").mkdir(parents=True)
+    (link / "latest").symlink_to(tmp_path / "elsewhere")
+    assert ck.ensure_deepspeed_latest(str(link)) is None and not (tmp_path / "elsewhere").exists()
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "global_step9").write_text("a file, not a tag directory")
+    assert ck.ensure_deepspeed_latest(str(fake)) is None
+    assert ck.ensure_deepspeed_latest(str(tmp_path / "missing")) is None
