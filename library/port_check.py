@@ -243,20 +243,36 @@ def terminate(pid, ticks, grace):
 
 
 def serve(sock, seconds, expect):
+    """Accept probe connections until every expected worker came (or the deadline). Each connection is closed
+    after its client closed it (a passive close leaves TIME_WAIT on the client's ephemeral port, not on the
+    rendezvous port a job binds next); one still open at the end is reset (RST, no TIME_WAIT either)."""
     deadline = time.time() + seconds
     seen = 0
-    while time.time() < deadline and (expect <= 0 or seen < expect):
-        ready, _, _ = select.select([sock], [], [], max(0.0, min(1.0, deadline - time.time())))
-        if ready:
+    conns = []
+    while time.time() < deadline and (expect <= 0 or seen < expect or conns):
+        ready, _, _ = select.select([sock] + conns, [], [], max(0.0, min(1.0, deadline - time.time())))
+        for r in ready:
+            if r is sock:
+                try:
+                    conn, _ = sock.accept()
+                    conns.append(conn)
+                    seen += 1
+                except (OSError, socket.error):
+                    pass
+                continue
             try:
-                conn, _ = sock.accept()
-                # Abortive close (RST): a normal close here would leave TIME_WAIT on the rendezvous port for a
-                # minute, and a job that binds it without SO_REUSEADDR would find it "in use".
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.close()
-                seen += 1
+                data = r.recv(64)
             except (OSError, socket.error):
-                pass
+                data = b""
+            if not data:  # the client closed: close our side
+                conns.remove(r)
+                r.close()
+    for conn in conns:
+        try:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (OSError, socket.error):
+            pass
+        conn.close()
     sock.close()
 
 

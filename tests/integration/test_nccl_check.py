@@ -1,0 +1,73 @@
+"""The NCCL check (playbooks/nccl_check.yml) on the simulated cluster: a real all-reduce over gloo between the
+nodes' training containers on the data network; every node records the cluster's figure, a floor above it fails
+every node with the floor named; and a cluster without containers (container_enabled false) records the
+container role as skipped and runs nothing of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+PLAYBOOK = "playbooks/nccl_check.yml"
+
+
+def records(run_dir: Path, check: str) -> dict:
+    report = json.loads((run_dir / "report.json").read_text())
+    return {r["host"]: r for r in report["records"] if r["check"] == check}
+
+
+@pytest.fixture(scope="module")
+def containers(cluster):
+    """The training container on every node (the check runs torch inside it)."""
+    r = cluster.playbook("site.yml", "--tags", "container")
+    assert r.returncode == 0, r.stdout[-3000:]
+    return cluster
+
+
+def test_every_node_records_the_same_inter_node_figure(containers, tmp_path):
+    r = containers.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}")
+    assert r.returncode == 0, r.stdout[-4000:]
+    inter = records(tmp_path, "nccl_check.inter_node")
+    assert set(inter) == set(containers.nodes)
+    figures = {h: rec["data"]["busbw_gbps"] for h, rec in inter.items()}
+    assert all(rec["status"] == "pass" for rec in inter.values()), inter
+    assert len(set(figures.values())) == 1 and float(next(iter(figures.values()))) > 0, figures
+    n = len(containers.nodes)
+    assert all(f"(gloo, {n} ranks on {n} nodes" in rec["detail"] for rec in inter.values()), inter
+    intra = records(tmp_path, "nccl_check.intra_node")
+    assert all(rec["status"] == "skip" for rec in intra.values())  # one process per simulated node
+
+
+def test_a_floor_above_the_figure_fails_every_node_naming_it(containers, tmp_path):
+    r = containers.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}", "-e", "nccl_check_min_inter_busbw_gbps=1000")
+    assert r.returncode != 0
+    inter = records(tmp_path, "nccl_check.inter_node")
+    assert {h: rec["status"] for h, rec in inter.items()} == {h: "fail" for h in containers.nodes}
+    for rec in inter.values():
+        assert "floor 1000" in rec["detail"] and "nccl_check_min_inter_busbw_gbps" in rec["fix"]
+
+
+def test_container_role_off_runs_nothing_of_it(cluster, tmp_path):
+    r = cluster.playbook("playbooks/preflight.yml", "-e", f"cluster_run_dir={tmp_path}",
+                         "-e", "container_enabled=false", "-e", "launch_runtime=host")
+    report = json.loads((tmp_path / "report.json").read_text())
+    ctr = {(x["host"], x["check"]): x for x in report["records"] if x["check"].startswith("container.")}
+    assert set(ctr) == {(h, "container.enabled") for h in cluster.nodes}, sorted(ctr)
+    assert all(x["status"] == "skip" and "launch_runtime: host" in x["detail"] for x in ctr.values())
+    ran = {}
+    for block in r.stdout.split("\nTASK [")[1:]:
+        title, _, body = block.partition("]")
+        if title.startswith("container : "):
+            results = [ln.split(":")[0] for ln in body.splitlines() if ln.startswith(("ok:", "changed:", "fatal:"))]
+            if results:
+                ran[title] = results
+    assert set(ran) == {"container : Record that the container role is switched off"}, ran
+
+
+def test_container_off_with_the_docker_runtime_stops_before_any_host(cluster, tmp_path):
+    r = cluster.playbook("site.yml", "-e", f"cluster_run_dir={tmp_path}", "-e", "container_enabled=false")
+    assert r.returncode != 0
+    assert "Stop if container_enabled is false while launch_runtime is docker" in r.stdout
+    assert "PLAY [Prepare the nodes]" not in r.stdout  # stopped in the validation play
