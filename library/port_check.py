@@ -130,7 +130,7 @@ import struct
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.netcheck import (classify_connect_error, job_pids, parse_proc_net_tcp, port_verdict,
+from ansible.module_utils.netcheck import (classify_connect_error, job_alive, job_pids, parse_proc_net_tcp, port_verdict,
                                            socket_inode)
 
 
@@ -208,14 +208,30 @@ def load_state(path):
     return data if isinstance(data, dict) else None
 
 
+def carries_token(pid, token):
+    """Whether process pid's environment holds this job's launch token (TRAINYARD_LAUNCH_ID, set by the launch)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read().split(b"\0")
+    except (OSError, IOError):
+        return False
+    return ("TRAINYARD_LAUNCH_ID=%s" % token).encode() in env
+
+
 def inspect(port, state_file):
     holders = holders_of(port)
     state = load_state(state_file)
-    ours = set()
+    ours, live = set(), False
     if holders and state:
         stats = dict((p, s) for p, s in ((p, proc_stat(p)) for p in pids()) if s)
         ours = job_pids(state, stats)
-    return holders, port_verdict(port, holders, ours), ours
+        # A leftover of a crashed job (its launcher gone) is known by the launch token in its environment.
+        token = state.get("token")
+        for h in holders:
+            if token and h.get("pid") and h["pid"] not in ours and carries_token(h["pid"], token):
+                ours.add(h["pid"])
+        live = job_alive(state, stats)
+    return holders, port_verdict(port, holders, ours, live=live), ours
 
 
 def terminate(pid, ticks, grace):
@@ -393,7 +409,7 @@ def main():
     # free
     holders, verdict, ours = inspect(p["port"], p["state_file"])
     stopped = []
-    if verdict["state"] == "ours" and not module.check_mode:
+    if verdict["state"] in ("ours", "running") and not module.check_mode:  # reset stops this job, live or not
         for h in holders:
             st = proc_stat(h["pid"]) if h.get("pid") else None
             if st and h["pid"] in ours and terminate(h["pid"], st["start_ticks"], p["grace"]):

@@ -527,17 +527,36 @@ def job_pids(state, stats):
     return mine
 
 
-def port_verdict(port, holders, ours, fix_reset="ansible-playbook reset.yml -e reset_confirm=true"):
+def job_alive(state, stats):
+    """Whether the job's recorded leader (the launcher of torchrun) still runs: same PID, same start time, not a
+    zombie. A port held by a live job is that job at work; held after its leader died, it is a leftover."""
+    if not state:
+        return False
+    try:
+        pid, ticks = int(state["pid"]), int(state["start_ticks"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    st = stats.get(pid)
+    return st is not None and int(st.get("start_ticks", -1)) == ticks and st.get("state") != "Z"
+
+
+def port_verdict(port, holders, ours, fix_reset="ansible-playbook reset.yml -e reset_confirm=true", live=False):
     """Decide the rendezvous port check on the head.
 
     ``holders``: [{pid, command, local, state}] (pid None when no process could be mapped); ``ours``: set
-    of PIDs of this tool's job. Returns {state: free|ours|other, ok, detail, fix}."""
+    of PIDs of this tool's job; ``live``: that job's leader still runs (job_alive). Returns {state:
+    free|running|ours|other, ok, detail, fix}: held by the live job is its rendezvous at work (a re-run of
+    site.yml leaves the job running); held by the job's leftovers after it died is what reset.yml frees."""
     if not holders:
         return {"state": "free", "ok": True, "detail": "port %d is free" % port, "fix": ""}
     named = ["PID %s (%s) on %s" % (h.get("pid") if h.get("pid") is not None else "?",
                                     h.get("command") or "command unknown", h.get("local")) for h in holders]
     if all(h.get("pid") in ours for h in holders if h.get("pid") is not None) and \
             any(h.get("pid") is not None for h in holders):
+        if live:
+            return {"state": "running", "ok": True,
+                    "detail": "port %d is this job's rendezvous, the job runs: %s (the launch leaves it running; "
+                              "reset.yml stops it)" % (port, "; ".join(named)), "fix": ""}
         return {"state": "ours", "ok": False,
                 "detail": "port %d is held by this tool's earlier job: %s" % (port, "; ".join(named)),
                 "fix": "a previous trainyard job still holds it: run %s" % fix_reset}

@@ -205,17 +205,27 @@ def test_port_held_by_an_unrelated_process_names_its_pid_and_command(aligned, tm
     assert failing(records) == {(head, "network.rendezvous_port")}
 
 
+def _hold_port(cluster, node, pidfile, env=""):
+    holder = f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{PORT}));s.listen();time.sleep(300)"
+    cluster.exec(node, ["sh", "-c", f"{env} setsid python3 -c \"{holder}\" >/dev/null 2>&1 & echo $! > {pidfile}"])
+    pid = int(cluster.exec(node, ["cat", pidfile]).stdout.strip())
+    ticks = int(cluster.exec(node, ["cat", f"/proc/{pid}/stat"]).stdout.rsplit(")", 1)[1].split()[19])
+    return pid, ticks
+
+
+def _write_state(cluster, node, state):
+    cluster.exec(node, ["sh", "-c", "mkdir -p /var/lib/trainyard/train && cat > /var/lib/trainyard/train/launch.json"],
+                 input=json.dumps(state))
+
+
 def test_port_held_by_our_job_says_reset_and_reset_frees_it(aligned, tmp_path):
+    """A crashed job: its launcher is gone, a process it started (it carries the launch token) still holds the
+    port. Preflight names it as this tool's leftover with reset.yml as the fix; the network reset frees it."""
     cluster = aligned
     head = cluster.head
-    holder = (f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{PORT}));s.listen();time.sleep(300)")
-    cluster.exec(head, ["sh", "-c", f"setsid python3 -c \"{holder}\" >/dev/null 2>&1 & echo $! > /tmp/net-job.pid"])
-    pid = int(cluster.exec(head, ["cat", "/tmp/net-job.pid"]).stdout.strip())
-    ticks = int(cluster.exec(head, ["cat", f"/proc/{pid}/stat"]).stdout.rsplit(")", 1)[1].split()[19])
-    state = {"job": "train", "runtime": "host", "pid": pid, "pgid": pid, "start_ticks": ticks,
-             "command": ["torchrun"], "log": "/tmp/x.log", "sidecars": []}
-    cluster.exec(head, ["sh", "-c", "mkdir -p /var/lib/trainyard/train && cat > /var/lib/trainyard/train/launch.json"],
-                 input=json.dumps(state))
+    pid, _ = _hold_port(cluster, head, "/tmp/net-job.pid", env="TRAINYARD_LAUNCH_ID=tok-net")
+    _write_state(cluster, head, {"job": "train", "runtime": "host", "pid": 999999, "pgid": 999999, "start_ticks": 1,
+                                 "token": "tok-net", "command": ["torchrun"], "log": "/tmp/x.log", "sidecars": []})
     try:
         time.sleep(0.5)
         r, records, _, _ = converge(cluster, tmp_path)
@@ -231,6 +241,28 @@ def test_port_held_by_our_job_says_reset_and_reset_frees_it(aligned, tmp_path):
         assert not port_sockets(cluster, head)
         r, _, facts, recap = converge(cluster, tmp_path, entry="reset")
         assert recap[head]["changed"] == 0 and "is free" in facts[head]["network_reset_summary"]
+    finally:
+        cluster.exec(head, ["kill", "-9", str(pid)], check=False)
+        cluster.exec(head, ["rm", "-f", "/var/lib/trainyard/train/launch.json"], check=False)
+
+
+def test_port_held_by_our_running_job_passes(aligned, tmp_path):
+    """A re-run of site.yml while the job trains: the port is the live job's rendezvous, not a fault; the
+    workers reach it through the job's own listener."""
+    cluster = aligned
+    head = cluster.head
+    pid, ticks = _hold_port(cluster, head, "/tmp/net-live.pid")
+    _write_state(cluster, head, {"job": "train", "runtime": "host", "pid": pid, "pgid": pid, "start_ticks": ticks,
+                                 "token": "tok-live", "command": ["torchrun"], "log": "/tmp/x.log", "sidecars": []})
+    try:
+        time.sleep(0.5)
+        r, records, _, _ = converge(cluster, tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:]
+        rec = records[head]["network.rendezvous_port"]
+        assert rec["status"] == "pass" and "the job runs" in rec["detail"] and f"PID {pid}" in rec["detail"], rec
+        for node in cluster.nodes[1:]:
+            assert records[node]["network.rendezvous_reach"]["status"] == "pass"
+        assert cluster.exec(head, ["test", "-d", f"/proc/{pid}"], check=False).returncode == 0  # left running
     finally:
         cluster.exec(head, ["kill", "-9", str(pid)], check=False)
         cluster.exec(head, ["rm", "-f", "/var/lib/trainyard/train/launch.json"], check=False)

@@ -4,7 +4,9 @@ and the role's filters."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import socket
 import sys
 import time
@@ -88,7 +90,7 @@ def test_holder_of_our_own_socket_and_ownership_by_state_file(tmp_path):
         me = port_check.proc_stat(os.getpid())
         state = tmp_path / "launch.json"
         state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"], me["start_ticks"]))
-        assert port_check.inspect(port, str(state))[1]["state"] == "ours"
+        assert port_check.inspect(port, str(state))[1]["state"] == "running"  # held by the live job itself
         state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"],
                                                                          me["start_ticks"] - 1))
         assert port_check.inspect(port, str(state))[1]["state"] == "other"  # PID reuse guard
@@ -125,3 +127,25 @@ def test_path_diagnosis_filter_gives_the_row_and_both_mtus():
 @pytest.mark.parametrize("current,ok", [(9000, True), ("9000", True), (1500, False), (None, False)])
 def test_mtu_verdict_filter(current, ok):
     assert filters.network_mtu_verdict(current, "n1", "eth1", 9000, False)["ok"] is ok
+
+
+def test_leftover_of_a_crashed_job_is_known_by_its_launch_token(tmp_path):
+    """The job's launcher is gone, a process it started still holds the port: that process carries the
+    launch token, so the port is this job's leftover (reset.yml frees it), not another process's."""
+    port = free_port()
+    code = ("import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(('127.0.0.1',{port}));s.listen();print('up',flush=True);time.sleep(60)")
+    env = dict(os.environ, TRAINYARD_LAUNCH_ID="tok123")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        state = tmp_path / "launch.json"
+        state.write_text(json.dumps({"pid": 999999, "pgid": 999999, "start_ticks": 1, "token": "tok123"}))
+        holders, verdict, ours = port_check.inspect(port, str(state))
+        assert ours == {proc.pid} and verdict["state"] == "ours" and not verdict["ok"]
+        assert "reset.yml" in verdict["fix"]
+        state.write_text(json.dumps({"pid": 999999, "pgid": 999999, "start_ticks": 1, "token": "other"}))
+        assert port_check.inspect(port, str(state))[1]["state"] == "other"
+    finally:
+        proc.kill()
+        proc.wait()

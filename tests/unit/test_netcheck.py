@@ -358,3 +358,25 @@ def test_ifupdown_edit_property(mtu, junk):
     new, found = nc.ifupdown_set_mtu(text, "eth1", mtu)
     assert found and ("mtu %d" % mtu) in new
     assert nc.ifupdown_set_mtu(new, "eth1", mtu)[0] == new
+
+
+def test_port_held_by_the_live_job_passes_and_by_its_leftovers_asks_for_reset():
+    holder = [{"pid": 102, "command": "torchrun --nnodes=3", "local": "0.0.0.0:39500"}]
+    running = nc.port_verdict(39500, holder, {102}, live=True)
+    assert running["state"] == "running" and running["ok"] and running["fix"] == ""
+    assert "the job runs: PID 102 (torchrun --nnodes=3)" in running["detail"]
+    stale = nc.port_verdict(39500, holder, {102}, live=False)
+    assert stale["state"] == "ours" and not stale["ok"] and "reset.yml" in stale["fix"]
+    # a live job does not excuse a foreign holder
+    mixed = holder + [{"pid": 300, "command": "nc -l", "local": "0.0.0.0:39500"}]
+    assert nc.port_verdict(39500, mixed, {102}, live=True)["state"] == "other"
+
+
+def test_job_alive_needs_the_same_leader_start_time_and_no_zombie():
+    state = {"pid": 100, "start_ticks": 5000}
+    assert nc.job_alive(state, {100: {"start_ticks": 5000, "state": "S"}})
+    assert not nc.job_alive(state, {100: {"start_ticks": 7000, "state": "S"}})  # PID reused
+    assert not nc.job_alive(state, {100: {"start_ticks": 5000, "state": "Z"}})
+    assert not nc.job_alive(state, {})
+    assert not nc.job_alive(None, {100: {"start_ticks": 5000, "state": "S"}})
+    assert not nc.job_alive({"pid": "x"}, {})
