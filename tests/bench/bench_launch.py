@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import SimCluster  # noqa: E402
+from conftest import SimCluster, run_playbook, sim_down, sim_up  # noqa: E402
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 MARKER = "trainyard: rendezvous done"
@@ -118,25 +118,38 @@ def name_dead_rank(c: SimCluster) -> tuple[float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--name", default="ln")
+    ap.add_argument("--name", help="use this running simulated cluster (default: bring up bench-ln, 3 nodes)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    c = SimCluster(args.name)
+    own = args.name is None
+    c = sim_up("bench-ln", nodes=3) if own else SimCluster(args.name)
+    try:
+        return run(c, args.rounds)
+    finally:
+        if own:
+            sim_down("bench-ln")
+
+
+def run(c: SimCluster, rounds: int) -> int:
     r = play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     r = play(c, "-e", "test_launch_entry=none", *extra())
     if r.returncode != 0:
         print(r.stdout[-3000:])
         return 1
     rows = []
-    for i in range(args.rounds):
+    for i in range(rounds):
         play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
         r = play(c, "-e", "test_launch_prepare=false", *extra())
         launch = task_duration(r.stdout, "launch : Start torchrun")
         if r.returncode != 0 or launch is None:
             print(r.stdout[-3000:])
             return 1
-        if i == args.rounds - 1:
+        if i == rounds - 1:
             dead, status_s = name_dead_rank(c)
+            # The product's reset.yml from that crashed state (one rank killed, the others exited).
+            t0 = time.monotonic()
+            rr = run_playbook(c.inventory, "reset.yml", "-e", "reset_confirm=true")
+            reset_s = time.monotonic() - t0 if rr.returncode == 0 else float("nan")
         else:
             dead = status_s = float("nan")
         play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
@@ -152,6 +165,7 @@ def main() -> int:
     dead, status_s = rows[-1][2], rows[-1][3]
     print(f"\ntime from kill -9 of node rank 1's rank to the status play naming it: {dead:.1f} s "
           f"(one status play: {status_s:.1f} s)")
+    print(f"reset.yml on {len(c.nodes)} nodes from that crashed state: {reset_s:.1f} s")
     play(c, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     return 0
 
