@@ -247,11 +247,13 @@ def main() -> int:
                             ("nodes", "nodes", "d"), ("project s", "project_s", ".1f"), ("defaults s", "defaults_s", ".1f"),
                             ("defaults / project", "ratio", ".2f")]))
         print("\n".join(sections[-2:]), flush=True)
+        DOC.write_text("\n".join(sections))  # after every section: a long suite cut short keeps what it measured
     if "faults" in only:
         rows = bench_faults(max(1, args.repeats // 2))
         sections.append("## Time to a named failure, per injected fault (3 nodes, `playbooks/preflight.yml`)\n\n"
                         + table(rows, [("fault", "fault", ""), ("seconds", "seconds", ".1f"), ("named", "named", "")]))
         print(sections[-1], flush=True)
+        DOC.write_text("\n".join(sections))
     if "scripts" in only:
         for title, text in bench_scripts():
             sections.append(f"## {title}\n\n```\n{text}\n```\n")
