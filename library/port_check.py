@@ -130,6 +130,7 @@ import struct
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils import procgroup as pg
 from ansible.module_utils.netcheck import (classify_connect_error, job_alive, job_pids, parse_proc_net_tcp, port_verdict,
                                            socket_inode)
 
@@ -208,16 +209,6 @@ def load_state(path):
     return data if isinstance(data, dict) else None
 
 
-def carries_token(pid, token):
-    """Whether process pid's environment holds this job's launch token (TRAINYARD_LAUNCH_ID, set by the launch)."""
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            env = f.read().split(b"\0")
-    except (OSError, IOError):
-        return False
-    return ("TRAINYARD_LAUNCH_ID=%s" % token).encode() in env
-
-
 def inspect(port, state_file):
     holders = holders_of(port)
     state = load_state(state_file)
@@ -228,7 +219,8 @@ def inspect(port, state_file):
         # A leftover of a crashed job (its launcher gone) is known by the launch token in its environment.
         token = state.get("token")
         for h in holders:
-            if token and h.get("pid") and h["pid"] not in ours and carries_token(h["pid"], token):
+            if token and h.get("pid") and h["pid"] not in ours \
+                    and (pg.read_environ(h["pid"]) or {}).get(pg.TOKEN_ENV) == token:
                 ours.add(h["pid"])
         live = job_alive(state, stats)
     return holders, port_verdict(port, holders, ours, live=live), ours
