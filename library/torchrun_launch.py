@@ -94,6 +94,14 @@ options:
     description: More environment variables for the job (applied after the env files).
     type: dict
     default: {}
+  first_launch_env:
+    description:
+      - Variables for this node's first launch of the job only (no state file from an earlier launch), applied
+        after the env files and before C(env). The launch role passes NCCL_DEBUG=INFO here under
+        C(nccl_env_debug=auto), so the first start logs NCCL's choices while the env file stays the same.
+      - Not part of the job's identity (a later run sees the same job running).
+    type: dict
+    default: {}
   chdir:
     description: Working directory of the job (on the node, or inside the container).
     type: path
@@ -615,6 +623,12 @@ class Launch(object):
         resume = self.resolve_resume()
         command = list(base) + tr.resume_args(resume, p["resume_arg"])
         file_envs = self.file_envs()
+        if state is None and p["first_launch_env"]:
+            try:
+                file_envs.append(tr.validate_env(p["first_launch_env"]))
+            except tr.LaunchError as e:
+                self.m.fail_json(msg="first_launch_env: %s" % e, **self.result)
+            self.result["first_launch_env"] = sorted(p["first_launch_env"])
         token = uuid.uuid4().hex
         env = tr.merge_env(file_envs, extra_env, resume)
         self.result.update(command=command, command_line=tr.shell_quote(command), env=env,
@@ -734,6 +748,7 @@ def main():
             args=dict(type="list", elements="str", default=[]),
             env_files=dict(type="list", elements="path", default=[]),
             env=dict(type="dict", default={}),
+            first_launch_env=dict(type="dict", default={}),
             chdir=dict(type="path"),
             log=dict(type="path"),
             runtime=dict(type="str", default="host", choices=["host", "docker"]),

@@ -51,6 +51,7 @@ def env(tmp_path):
         entrypoint: "%s"
         args: "{{ targs }}"
         env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: "1"}
+        first_launch_env: {NCCL_DEBUG: INFO, OMP_NUM_THREADS: "7"}
         chdir: "%s"
         resume_from: auto
         output_root: "%s/out{{ node_rank }}"
@@ -98,6 +99,9 @@ def test_host_runtime_lifecycle(env):
         assert res[h]["sidecars"][0]["running"]
         state = json.loads((tmp / f"state{rank}" / "hostjob" / "launch.json").read_text())
         assert state["runtime"] == "host" and state["pid"] == res[h]["pid"]
+        # A node's first launch gets the first-launch variables; env (applied after them) still wins.
+        assert res[h]["first_launch_env"] == ["NCCL_DEBUG", "OMP_NUM_THREADS"]
+        assert res[h]["env"]["NCCL_DEBUG"] == "INFO" and res[h]["env"]["OMP_NUM_THREADS"] == "1"
 
     # Same job, same command: left alone.
     r, recap, res2 = run()
@@ -150,6 +154,8 @@ def test_finished_job_is_left_alone_and_resumes_when_extended(env):
     # A longer run of the same job resumes from the last complete checkpoint (rank 0's node holds it).
     r, recap, res = run(steps=30)
     assert r.returncode == 0, r.stdout[-3000:]
+    # Not the node's first launch of the job: no first-launch variables.
+    assert "first_launch_env" not in res["n0"] and "NCCL_DEBUG" not in res["n0"]["env"]
     assert res["n0"]["resume_from"].endswith("/out0/checkpoint-10")
     assert "resumed from" in Path(res["n0"]["log"]).read_text()
 

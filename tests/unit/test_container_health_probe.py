@@ -51,3 +51,39 @@ def test_failures_are_named(tmp_path: Path):
     import resource
     if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY:
         assert not ok(out["ulimits"]) and "memlock" in out["ulimits"]["detail"]
+
+
+def test_imports_are_checked_once_per_container_instance(tmp_path: Path):
+    cache = tmp_path / "imports.json"
+    base = {"logger_module": "json", "import_cache": str(cache), "output_root": str(tmp_path)}
+    first = probe(dict(base, instance="c1/2026-11-23T08:00:00Z/sha256:a"))
+    assert ok(first["torch"]) and ok(first["logger"]) and "cached" not in first["torch"]
+    assert json.loads(cache.read_text())["instance"] == "c1/2026-11-23T08:00:00Z/sha256:a"
+
+    again = probe(dict(base, instance="c1/2026-11-23T08:00:00Z/sha256:a"))
+    assert ok(again["torch"]) and again["torch"]["cached"] and "in this container instance" in again["torch"]["detail"]
+    assert again["logger"]["cached"]
+    # Everything else is still checked on every run.
+    assert ok(again["output_writable"]) and "cached" not in again["output_writable"]
+
+    # A restart (new start time) or another container checks the imports again.
+    for instance in ("c1/2026-11-23T09:00:00Z/sha256:a", "c2/2026-11-23T08:00:00Z/sha256:a"):
+        fresh = probe(dict(base, instance=instance))
+        assert ok(fresh["torch"]) and "cached" not in fresh["torch"], instance
+    # Without an instance (container_health_cache_imports: false) nothing is reused.
+    assert "cached" not in probe(dict(base, instance=""))["torch"]
+
+
+def test_a_failed_import_is_never_kept(tmp_path: Path):
+    cache = tmp_path / "imports.json"
+    params = {"logger_module": "trainyard_no_such_logger", "import_cache": str(cache), "instance": "c1/t/i"}
+    for _ in range(2):
+        out = probe(params)
+        assert not ok(out["logger"]) and "cached" not in out["logger"]
+    assert not cache.exists()
+    # A cache written for another logger is not taken for this one.
+    probe({"logger_module": "json", "import_cache": str(cache), "instance": "c1/t/i"})
+    out = probe({"logger_module": "", "import_cache": str(cache), "instance": "c1/t/i"})
+    assert out["logger"]["status"] == "skip" and "cached" not in out["torch"]
+    out = probe({"logger_module": "trainyard_no_such_logger", "import_cache": str(cache), "instance": "c1/t/i"})
+    assert not ok(out["logger"]) and "cached" not in out["torch"]

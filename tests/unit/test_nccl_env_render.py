@@ -17,7 +17,7 @@ def _run(c, **kw):
     return p
 
 
-def test_tcp_profile_default_then_idempotent_then_warn_after_launch(tmp_path):
+def test_tcp_profile_default_then_idempotent_first_launch_gets_info(tmp_path):
     c = LocalCluster(tmp_path)
     p = _run(c)
     assert p.returncode == 0, p.stdout[-3000:]
@@ -29,7 +29,9 @@ def test_tcp_profile_default_then_idempotent_then_warn_after_launch(tmp_path):
         assert env["NODE_RANK"] == str(rank)
         assert env["NCCL_IB_DISABLE"] == "1"
         assert env["NCCL_NSOCKS_PERTHREAD"] == "4" and env["NCCL_SOCKET_NTHREADS"] == "4"
-        assert env["NCCL_DEBUG"] == "INFO"  # no launch yet
+        # auto: the file says WARN whether or not the job ran; INFO goes to each node's first launch only
+        assert env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in env
+        assert p.report[h]["nccl_env_first_launch_env"] == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET"}
         assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_HCA" not in env and "TORCH_DISTRIBUTED_DEBUG" not in env
         assert p.report[h]["nccl_env_file"] == str(c.path(h, "nccl.env"))
     # identical except NODE_RANK
@@ -43,16 +45,19 @@ def test_tcp_profile_default_then_idempotent_then_warn_after_launch(tmp_path):
     assert again.returncode == 0
     assert {h: recap_changed(again.stdout)[h] for h in c.hosts} == dict.fromkeys(c.hosts, 0), again.stdout[-2000:]
 
-    # the launch module writes launch.json; once every node has one, the next render turns NCCL_DEBUG down
-    c.path("node1", "launch.json").write_text("{}")
-    p = _run(c)
-    assert all(c.env(h)["NCCL_DEBUG"] == "INFO" for h in c.hosts), "one node launched is not every node"
+    # a launch in between (the launch module writes launch.json) changes nothing in the file: a re-run stays at 0
     for h in c.hosts:
         c.path(h, "launch.json").write_text("{}")
-    p = _run(c)
-    assert p.returncode == 0
+    again = _run(c)
+    assert again.returncode == 0
+    assert {h: recap_changed(again.stdout)[h] for h in c.hosts} == dict.fromkeys(c.hosts, 0), again.stdout[-2000:]
     assert all(c.env(h)["NCCL_DEBUG"] == "WARN" for h in c.hosts)
-    assert all("NCCL_DEBUG_SUBSYS" not in c.env(h) for h in c.hosts)
+
+    # a fixed level is written as it is, and there is nothing for the first launch
+    p = _run(c, extra={"nccl_env_debug": "INFO"})
+    assert p.returncode == 0
+    assert all(c.env(h)["NCCL_DEBUG"] == "INFO" and c.env(h)["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET" for h in c.hosts)
+    assert all(p.report[h]["nccl_env_first_launch_env"] == {} for h in c.hosts)
 
 
 def test_tcp_smoke_test_and_ib_profiles(tmp_path):

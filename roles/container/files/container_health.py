@@ -1,8 +1,15 @@
 """Health probe of the training container: one run answers every check (the role execs it once).
 
 Run as `python3 -c "$(cat container_health.py)" '<json params>'` inside the container, or as a file.
-params: {code_dir, output_root, shared_root, logger_module, shm_size_bytes, ulimits: {name: value}, gpus}
+params: {code_dir, output_root, shared_root, logger_module, shm_size_bytes, ulimits: {name: value}, gpus,
+         instance, import_cache}
 Prints one JSON line: {check: {ok|status, detail}, ...}. Stdlib only; each check is independent.
+
+The imports (torch: about 1.5 s of CPU, the probe's whole cost) are checked once per container instance: with
+`instance` (the container's id, start time and image, from the role) and `import_cache` (a path inside the
+container), passing import results are kept there and reused while the instance is the same. The software in a
+container cannot change without a restart, which gives a new instance; a failed import is never kept, and the
+directories, ulimits and /dev/shm are checked every run.
 """
 
 import importlib
@@ -130,6 +137,54 @@ def check_shm(want):
     return {"ok": True, "detail": detail, "size_bytes": size}
 
 
+def _cached_imports(path, instance, logger):
+    """The passing import results of this container instance's earlier probe of the same modules, or None."""
+    if not (path and instance):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("instance") != instance or data.get("logger") != logger:
+        return None
+    results = data.get("results")
+    if not isinstance(results, dict) or not all(isinstance(r, dict) and r.get("ok") for r in results.values()):
+        return None
+    return data
+
+
+def _keep_imports(path, instance, logger, results):
+    if not (path and instance) or not all(r.get("ok") or r.get("status") == "skip" for r in results.values()):
+        return
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"instance": instance, "logger": logger, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "results": {k: r for k, r in results.items() if r.get("ok")}}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the cache is an optimisation: a read-only /tmp only costs the next probe its imports
+
+
+def check_imports(params):
+    logger = params.get("logger_module")
+    instance, path = params.get("instance"), params.get("import_cache")
+    cached = _cached_imports(path, instance, logger or "")
+    if cached is not None:
+        out = {}
+        for name, res in cached["results"].items():
+            out[name] = dict(res, cached=cached["at"],
+                             detail=f"{res['detail']} (checked at {cached['at']} in this container instance)")
+        if not logger:
+            out["logger"] = {"status": "skip", "detail": "no logger configured"}
+        return out
+    out = {"logger": check_import(logger)[1] if logger else {"status": "skip", "detail": "no logger configured"},
+           "torch": check_torch(str(params.get("gpus")).lower() in ("true", "1", "yes"))}
+    _keep_imports(path, instance, logger or "", out)
+    return out
+
+
 def main(argv):
     params = json.loads(argv[1]) if len(argv) > 1 else {}
     out = {
@@ -140,9 +195,7 @@ def main(argv):
         "ulimits": check_ulimits(params.get("ulimits") or {}),
         "shm": check_shm(int(params.get("shm_size_bytes") or 0)),
     }
-    logger = params.get("logger_module")
-    out["logger"] = check_import(logger)[1] if logger else {"status": "skip", "detail": "no logger configured"}
-    out["torch"] = check_torch(str(params.get("gpus")).lower() in ("true", "1", "yes"))
+    out.update(check_imports(params))
     print(json.dumps(out, sort_keys=True))
     return 0
 
