@@ -1,0 +1,84 @@
+"""library/job_files.py run by the real `ansible` (local connection) on a temporary tree: directories and files in
+one call, left alone when converged, mode-only changes, check mode, diff mode, bad input named."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+ANSIBLE = Path(sys.executable).parent / "ansible"
+
+
+def run(args: dict, *flags: str) -> dict:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    p = subprocess.run([str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-e",
+                        f"ansible_python_interpreter={sys.executable}", "-m", "job_files", "-a", json.dumps(args),
+                        *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    # The JSON document sits between the project's profile callback's timing lines.
+    out, _ = json.JSONDecoder().raw_decode(p.stdout[p.stdout.index("{"):])
+    return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_writes_then_leaves_alone_then_fixes_content_and_mode(tmp_path: Path):
+    d = tmp_path / "state" / "train"
+    args = {"directories": [{"path": str(d), "mode": "0750"}],
+            "files": [{"path": str(d / "nccl.env"), "content": "NCCL_DEBUG=WARN\nNODE_RANK=0\n", "mode": "0640"},
+                      {"path": str(d / "ds_config.json"), "content": "{}\n"}],
+            "return_content": True}
+    r = run(args)
+    assert r["changed"] and [f["changed"] for f in r["files"]] == [True, True], r
+    assert (d / "nccl.env").read_text() == "NCCL_DEBUG=WARN\nNODE_RANK=0\n"
+    assert mode(d) == 0o750 and mode(d / "nccl.env") == 0o640 and mode(d / "ds_config.json") == 0o644
+    f0 = r["files"][0]
+    assert base64.b64decode(f0["content"]) == (d / "nccl.env").read_bytes()
+    assert f0["checksum"] == hashlib.sha256((d / "nccl.env").read_bytes()).hexdigest()
+    assert not list(d.glob(".*"))  # no temporary file left behind
+
+    again = run(args)
+    assert not again["changed"] and not any(f["changed"] for f in again["files"]), again
+    assert not again["directories"][0]["changed"]
+
+    # Someone edited the file and its mode: both come back, and the diff shows the edit.
+    (d / "nccl.env").write_text("NCCL_DEBUG=INFO\n")
+    os.chmod(d / "ds_config.json", 0o600)
+    fixed = run(args, "--diff")
+    assert [f["changed"] for f in fixed["files"]] == [True, True]
+    assert (d / "nccl.env").read_text() == "NCCL_DEBUG=WARN\nNODE_RANK=0\n" and mode(d / "ds_config.json") == 0o644
+    assert fixed["diff"][0]["before"] == "NCCL_DEBUG=INFO\n"
+
+
+def test_check_mode_writes_nothing_and_returns_what_is_on_disk(tmp_path: Path):
+    f = tmp_path / "nccl.env"
+    f.write_text("OLD=1\n")
+    r = run({"files": [{"path": str(f), "content": "NEW=1\n"}], "return_content": True}, "--check")
+    assert r["changed"] and f.read_text() == "OLD=1\n"
+    assert base64.b64decode(r["files"][0]["content"]) == b"OLD=1\n"
+    missing = tmp_path / "new" / "x"
+    r = run({"directories": [{"path": str(missing.parent)}], "files": [{"path": str(missing), "content": "x"}]},
+            "--check")
+    assert r["changed"] and not missing.parent.exists() and "checksum" not in r["files"][0]
+
+
+def test_bad_input_is_named(tmp_path: Path):
+    r = run({"files": [{"path": "relative/nccl.env", "content": "x"}]})
+    assert r["failed"] and "files[0]: path must be an absolute path" in r["msg"]
+    r = run({"files": [{"path": str(tmp_path / "a"), "content": "x", "mode": "rw-r--r--"}]})
+    assert r["failed"] and "not an octal number" in r["msg"]
+    r = run({"files": [{"path": str(tmp_path / "nodir" / "a"), "content": "x"}]})
+    assert r["failed"] and "list it in directories" in r["msg"]
+    (tmp_path / "file").write_text("x")
+    r = run({"directories": [{"path": str(tmp_path / "file")}]})
+    assert r["failed"] and "is not a directory" in r["msg"]
