@@ -80,6 +80,12 @@ docker:
   description: C({cli, socket, reachable, version, api_version, error}).
   returned: unless clock_only
   type: dict
+ansible_facts:
+  description:
+    - C(trainyard_init) C({systemd, pid1}) - whether systemd runs the node (/run/systemd/system is a directory) and
+      PID 1's name. Later roles of the run (fabric manager, janitor) read it instead of probing again.
+  returned: unless clock_only
+  type: dict
 """
 
 import json
@@ -177,6 +183,11 @@ def main() -> None:
     if p["clock_only"]:
         module.exit_json(changed=False, time=now)
     shm = statvfs(p["shm_path"])
+    try:
+        with open("/proc/1/comm") as f:
+            pid1 = f.read().strip()
+    except OSError:
+        pid1 = None
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     module.exit_json(
@@ -189,6 +200,8 @@ def main() -> None:
         limits={"memlock_soft_kb": limit_kb(memlock[0]), "memlock_hard_kb": limit_kb(memlock[1]),
                 "nofile_soft": unlimited(nofile[0]), "nofile_hard": unlimited(nofile[1])},
         docker=docker_facts(p["docker_socket"], p["timeout"]),
+        # For the roles after this one in the run (fabric manager, janitor): no second probe of the init system.
+        ansible_facts={"trainyard_init": {"systemd": os.path.isdir("/run/systemd/system"), "pid1": pid1}},
     )
 
 

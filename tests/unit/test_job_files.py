@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import REPO
-
-ANSIBLE = Path(sys.executable).parent / "ansible"
-
+from conftest import adhoc
 
 def run(args: dict, *flags: str) -> dict:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    p = subprocess.run([str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-e",
-                        f"ansible_python_interpreter={sys.executable}", "-m", "job_files", "-a", json.dumps(args),
-                        *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    # The JSON document sits between the project's profile callback's timing lines.
-    out, _ = json.JSONDecoder().raw_decode(p.stdout[p.stdout.index("{"):])
-    return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return adhoc("job_files", args, *flags)
 
 
 def mode(path: Path) -> int:
