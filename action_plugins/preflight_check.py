@@ -13,6 +13,8 @@ description:
     (C(_cluster_run_id), set on localhost by the validate play); records of other runs are dropped here and
     ignored by the report.
   - Runs on the controller only; the host is not contacted.
+  - A failed check is printed at once (C(<node>: <check> FAIL: <detail>) and its fix), so the first failure is on
+    the screen seconds into a run; the run goes on and the report still lists every failure at the end.
   - The report play (role C(cluster), C(tasks/report.yml)) collects every host's records,
     prints them as a node x check table and fails the run when any check failed.
 options:
@@ -77,9 +79,13 @@ preflight_records:
   type: list
 """
 
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
 
 _STATUSES = ("pass", "fail", "warn", "skip")
 FACT = "preflight_results"
@@ -114,8 +120,13 @@ class ActionModule(ActionBase):
         run = _run_id(task_vars)
         records = [dict(self._record(spec, host), run=run) for spec in specs]
         names = {r["check"] for r in records}
-        # Ansible caches facts returned by any action but set_fact (ansible.cfg: jsonfile cache), so the list may
-        # hold an earlier run's records: keep only this run's.
+        for r in records:
+            if r["status"] == "fail":
+                display.display("%s: %s FAIL: %s%s" % (host, r["check"], r["detail"],
+                                                      "\n    fix: " + r["fix"] if r["fix"] else ""),
+                                color=C.COLOR_ERROR)
+        # With a persistent fact cache Ansible keeps facts returned by any action but set_fact between runs, so the
+        # list may hold an earlier run's records: keep only this run's.
         previous = [r for r in task_vars.get(FACT) or []
                     if isinstance(r, dict) and r.get("check") not in names and r.get("run") == run]
         result.update(

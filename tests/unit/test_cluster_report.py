@@ -71,3 +71,32 @@ def test_preflight_check_keeps_only_this_runs_records():
     assert record == {"host": "a", "check": "cluster.shm", "status": "fail", "detail": "64 MiB", "fix": "grow",
                       "data": {}}
     assert pc.ActionModule._record({"check": "c", "ok": True, "fix": "x"}, "a")["fix"] == ""
+
+
+def test_a_failed_check_is_printed_when_it_is_recorded(tmp_path):
+    """The first failure is on the screen when its check runs, not only in the report at the end."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    pb = tmp_path / "pb.yml"
+    pb.write_text("""
+- hosts: all
+  gather_facts: false
+  tasks:
+    - preflight_check:
+        records:
+          - {check: cluster.shm, ok: false, detail: /dev/shm 64 MiB, fix: give the container shm_size 16g}
+          - {check: cluster.docker, ok: true, detail: engine 27.3}
+    - ansible.builtin.debug: {msg: the next task}
+""")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    out = subprocess.run([str(os.path.join(os.path.dirname(sys.executable), "ansible-playbook")), "-i", "n1,",
+                          "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(pb)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
+    line = "n1: cluster.shm FAIL: /dev/shm 64 MiB\n    fix: give the container shm_size 16g"
+    assert line in out, out
+    assert out.index(line) < out.index("TASK [ansible.builtin.debug]")
+    assert "cluster.docker" not in out  # a passing check prints nothing
