@@ -51,10 +51,14 @@ def inspect(cluster, node: str) -> dict:
     return json.loads(out.stdout)[0] if out.returncode == 0 else {}
 
 
-def assert_healthy(records: dict, nodes: list[str]) -> None:
+def assert_healthy(records: dict, nodes: list[str], pulled: bool = True) -> None:
     for node in nodes:
         recs = records[node]
-        for check in ("container.engine", "container.image_pull", "container.image_digest", "container.running",
+        if pulled:
+            assert recs["container.image_pull"]["status"] == "pass", (node, recs["container.image_pull"])
+        else:  # the read-only preflight entry point pulls nothing (records come from this run only)
+            assert "container.image_pull" not in recs, (node, recs["container.image_pull"])
+        for check in ("container.engine", "container.image_digest", "container.running",
                       "container.health.code_dir", "container.health.output_writable",
                       "container.health.shared_readable", "container.health.logger", "container.health.python",
                       "container.health.torch", "container.health.ulimits"):
@@ -131,7 +135,7 @@ def test_preflight_entry_point_reads_only(converged, tmp_path):
     node = cluster.nodes[-1]
     r, records, recap = converge(cluster, tmp_path, entry="preflight")
     assert r.returncode == 0, r.stdout[-4000:]
-    assert_healthy(records, cluster.nodes)
+    assert_healthy(records, cluster.nodes, pulled=False)
     assert all(recap[n]["changed"] == 0 for n in cluster.nodes)
     cluster.exec(node, ["docker", "rm", "-f", NAME])
     try:
@@ -141,7 +145,7 @@ def test_preflight_entry_point_reads_only(converged, tmp_path):
         assert "does not exist" in records[node]["container.running"]["detail"]
         assert records[node]["container.health.output_writable"]["status"] == "skip"
         assert inspect(cluster, node) == {}, "preflight must not create the container"
-        assert_healthy(records, [n for n in cluster.nodes if n != node])
+        assert_healthy(records, [n for n in cluster.nodes if n != node], pulled=False)
     finally:
         r, _, _ = converge(cluster, tmp_path)
         assert r.returncode == 0, r.stdout[-4000:]
