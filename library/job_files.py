@@ -13,7 +13,7 @@ DOCUMENTATION = r"""
 module: job_files
 short_description: Create the job's directories and write its files, in one call
 description:
-  - Creates each directory (with missing parents) and sets its mode.
+  - Creates each directory (with missing parents) and sets its mode when one is given.
   - Writes each file whose content or mode differs, atomically (a temporary file in the same directory, then a
     rename); a file that already holds the content is left alone.
   - Returns, per file, whether it changed, its sha256 and size, and with I(return_content) its bytes (base64, as
@@ -22,7 +22,10 @@ description:
     on disk) and diff mode (before and after of each changed file).
 options:
   directories:
-    description: Directories to create, each C(path) and optional C(mode) (octal string, default C(0755)).
+    description:
+      - Directories to create, each C(path) and optional C(mode) (octal string).
+      - Without C(mode) a missing directory is created C(0755) and an existing one keeps its mode (a directory the
+        job shares with others, such as the code directory).
     type: list
     elements: dict
     default: []
@@ -103,15 +106,16 @@ def read_bytes(path):
 
 
 def ensure_dir(path, mode, check):
+    """Whether the directory was (or would be) created or its mode set; mode None leaves an existing one's mode."""
     changed = False
     if not os.path.isdir(path):
         if os.path.lexists(path):
             raise OSError("%s exists and is not a directory" % path)
         changed = True
         if not check:
-            os.makedirs(path, mode)
-            os.chmod(path, mode)
-    elif stat.S_IMODE(os.stat(path).st_mode) != mode:
+            os.makedirs(path, 0o755 if mode is None else mode)
+            os.chmod(path, 0o755 if mode is None else mode)
+    elif mode is not None and stat.S_IMODE(os.stat(path).st_mode) != mode:
         changed = True
         if not check:
             os.chmod(path, mode)
@@ -165,7 +169,7 @@ def main():
             path = d.get("path")
             if not path or not os.path.isabs(str(path)):
                 module.fail_json(msg="directories[%d]: path must be an absolute path, got %r" % (i, path), **result)
-            mode = parse_mode(d.get("mode"), 0o755, "directories[%d] (%s)" % (i, path))
+            mode = parse_mode(d.get("mode"), None, "directories[%d] (%s)" % (i, path))
             changed = ensure_dir(str(path), mode, check)
             result["directories"].append(dict(path=str(path), changed=changed))
             result["changed"] |= changed

@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -162,6 +163,9 @@ def run(c: SimCluster, rounds: int) -> int:
     print("|---|---|---|---|")
     for i, (launch, hand, _, _) in enumerate(rows, 1):
         print(f"| {i} | {launch:.2f} | {hand:.2f} | {launch / hand:.2f} |")
+    if len(rows) > 1:
+        print(f"| median | {statistics.median(r[0] for r in rows):.2f} | {statistics.median(r[1] for r in rows):.2f} "
+              f"| {statistics.median(r[0] / r[1] for r in rows):.2f} |")
     dead, status_s = rows[-1][2], rows[-1][3]
     print(f"\ntime from kill -9 of node rank 1's rank to the status play naming it: {dead:.1f} s "
           f"(one status play: {status_s:.1f} s)")

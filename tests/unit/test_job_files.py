@@ -69,3 +69,15 @@ def test_bad_input_is_named(tmp_path: Path):
     (tmp_path / "file").write_text("x")
     r = run({"directories": [{"path": str(tmp_path / "file")}]})
     assert r["failed"] and "is not a directory" in r["msg"]
+
+
+def test_directory_without_mode_is_created_and_an_existing_one_keeps_its_mode(tmp_path: Path):
+    shared = tmp_path / "code"
+    shared.mkdir()
+    shared.chmod(0o2775)
+    new = tmp_path / "new" / "code"
+    r = run({"directories": [{"path": str(shared)}, {"path": str(new)}]})
+    assert not r.get("failed"), r
+    assert [d["changed"] for d in r["directories"]] == [False, True]
+    assert mode(shared) == 0o2775 and mode(new) == 0o755
+    assert run({"directories": [{"path": str(shared)}, {"path": str(new)}]})["changed"] is False
