@@ -11,7 +11,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: job_files
-short_description: Create the job's directories and write its files, in one call
+short_description: Create the job's directories, write its files and point its links, in one call
 description:
   - Creates each directory (with missing parents) and sets its mode when one is given.
   - Writes each file whose content or mode differs, atomically (a temporary file in the same directory, then a
@@ -33,6 +33,14 @@ options:
     description:
       - Files to write, each C(path), C(content) (text) and optional C(mode) (octal string, default C(0644)).
       - The parent directory must exist or be listed in I(directories).
+    type: list
+    elements: dict
+    default: []
+  links:
+    description:
+      - Symbolic links to point, each C(path) and C(target) (the link's text, relative to its directory or
+        absolute). A link that points elsewhere is replaced atomically; a file or directory in its place is an
+        error. Made after the directories and files.
     type: list
     elements: dict
     default: []
@@ -70,6 +78,11 @@ files:
     encoding: {description: C(base64) (only with return_content)., type: str}
 directories:
   description: One entry per directory, with C(path) and C(changed).
+  returned: always
+  type: list
+  elements: dict
+links:
+  description: One entry per link, with C(path) and C(changed).
   returned: always
   type: list
   elements: dict
@@ -152,17 +165,39 @@ def write_file(path, data, mode, check):
     return True, before
 
 
+def ensure_link(path, target, check):
+    """Whether the symlink at path was (or would be) made to point at target; atomic replace."""
+    if os.path.islink(path):
+        if os.readlink(path) == target:
+            return False
+    elif os.path.lexists(path):
+        raise OSError("%s exists and is not a symbolic link" % path)
+    if check:
+        return True
+    tmp = os.path.join(os.path.dirname(path), ".%s.%d.tmp" % (os.path.basename(path), os.getpid()))
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             directories=dict(type="list", elements="dict", default=[]),
             files=dict(type="list", elements="dict", default=[]),
+            links=dict(type="list", elements="dict", default=[]),
             return_content=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     check = module.check_mode
-    result = dict(changed=False, directories=[], files=[])
+    result = dict(changed=False, directories=[], files=[], links=[])
     diffs = []
     try:
         for i, d in enumerate(module.params["directories"]):
@@ -198,6 +233,15 @@ def main():
                 diffs.append(dict(before_header=path, after_header=path,
                                   before=(before or b"").decode("utf-8", errors="replace"),
                                   after=data.decode("utf-8", errors="replace")))
+        for i, link in enumerate(module.params["links"]):
+            path, target = link.get("path"), link.get("target")
+            if not path or not os.path.isabs(str(path)):
+                module.fail_json(msg="links[%d]: path must be an absolute path, got %r" % (i, path), **result)
+            if not target:
+                module.fail_json(msg="links[%d] (%s): target is empty" % (i, path), **result)
+            changed = ensure_link(str(path), str(target), check)
+            result["links"].append(dict(path=str(path), changed=changed))
+            result["changed"] |= changed
     except (OSError, ValueError) as e:
         module.fail_json(msg=str(e), **result)
     if diffs:

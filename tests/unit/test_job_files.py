@@ -1,5 +1,5 @@
 """library/job_files.py run by the real `ansible` (local connection) on a temporary tree: directories and files in
-one call, left alone when converged, mode-only changes, check mode, diff mode, bad input named."""
+one call, left alone when converged, mode-only changes, links, check mode, diff mode, bad input named."""
 
 from __future__ import annotations
 
@@ -81,3 +81,22 @@ def test_directory_without_mode_is_created_and_an_existing_one_keeps_its_mode(tm
     assert [d["changed"] for d in r["directories"]] == [False, True]
     assert mode(shared) == 0o2775 and mode(new) == 0o755
     assert run({"directories": [{"path": str(shared)}, {"path": str(new)}]})["changed"] is False
+
+
+def test_links_are_pointed_once_and_replaced_atomically_but_never_over_a_file(tmp_path: Path):
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    (runs / "b").mkdir()
+    latest = runs / "latest"
+    r = run({"links": [{"path": str(latest), "target": "a"}]})
+    assert r["changed"] and r["links"] == [{"path": str(latest), "changed": True}] and os.readlink(latest) == "a"
+    assert run({"links": [{"path": str(latest), "target": "a"}]})["changed"] is False
+    r = run({"links": [{"path": str(latest), "target": "b"}]}, "--check")
+    assert r["changed"] and os.readlink(latest) == "a"  # check mode points nothing
+    assert run({"links": [{"path": str(latest), "target": "b"}]})["changed"] and os.readlink(latest) == "b"
+    assert sorted(p.name for p in runs.iterdir()) == ["a", "b", "latest"]  # no temporary link left behind
+    (runs / "plain").write_text("x")
+    r = run({"links": [{"path": str(runs / "plain"), "target": "a"}]})
+    assert r["failed"] and "is not a symbolic link" in r["msg"] and (runs / "plain").read_text() == "x"
+    r = run({"links": [{"path": "latest", "target": "a"}]})
+    assert r["failed"] and "links[0]: path must be an absolute path" in r["msg"]
