@@ -32,6 +32,9 @@ sys.path.insert(0, str(REPO / "tests/integration"))
 from conftest import VENV_BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
 
 DOC = REPO / "docs/benchmarks.md"
+# docs/benchmarks.md: the tables above this line are this script's; the analysis from it on is written by hand
+# (targets, where the time goes, what was tried) and kept as it is when the tables are rewritten.
+ANALYSIS_MARK = "<!-- analysis: written by hand; tests/bench/run.py rewrites only what is above this line -->"
 DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
 
 
@@ -241,6 +244,13 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
+def write_doc(sections: list[str]) -> None:
+    """Write the measured sections, keeping the hand-written analysis at the end of the file."""
+    old = DOC.read_text() if DOC.exists() else ""
+    tail = old[old.index(ANALYSIS_MARK):] if ANALYSIS_MARK in old else ""
+    DOC.write_text("\n".join(sections) + ("\n" + tail if tail else ""))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
@@ -265,20 +275,20 @@ def main() -> int:
                             ("nodes", "nodes", "d"), ("project s", "project_s", ".1f"), ("defaults s", "defaults_s", ".1f"),
                             ("defaults ok", "defaults_ok", ""), ("defaults / project", "ratio", ".2f")]))
         print("\n".join(sections[-2:]), flush=True)
-        DOC.write_text("\n".join(sections))  # after every section: a long suite cut short keeps what it measured
+        write_doc(sections)  # after every section: a long suite cut short keeps what it measured
     if "faults" in only:
-        rows = bench_faults(max(1, args.repeats // 2))
+        rows = bench_faults(max(1, args.repeats))
         sections.append("## Time to a named failure, per injected fault (3 nodes, `playbooks/preflight.yml`)\n\n"
                         "From the start of ansible-playbook to the first output line that names the node and the "
                         "check (`<node>: <check> FAIL`), and to the end of the failed run.\n\n"
                         + table(rows, [("fault", "fault", ""), ("named after s", "seconds", ".1f"),
                                        ("run s", "run_s", ".1f"), ("named", "named", "")]))
         print(sections[-1], flush=True)
-        DOC.write_text("\n".join(sections))
+        write_doc(sections)
     if "scripts" in only:
         for title, text in bench_scripts():
             sections.append(f"## {title}\n\n```\n{text}\n```\n")
-    DOC.write_text("\n".join(sections))
+    write_doc(sections)
     log(f"wrote {DOC.relative_to(REPO)}")
     return 0
 
