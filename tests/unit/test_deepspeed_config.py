@@ -28,7 +28,8 @@ def test_fill_auto_replaces_only_hf_filled_fields():
     assert filled["zero_optimization"]["reduce_bucket_size"] > 0
     assert BASE["optimizer"]["params"]["lr"] == "auto", "the input is not modified"
     _, errors = dv.fill_auto({**BASE, "steps_per_print": "auto", "zero_optimization": {"sub_group_size": "auto"}})
-    assert sorted(e.split(":")[0] for e in errors) == ["steps_per_print", "zero_optimization.sub_group_size"]
+    assert sorted(e.split(":")[0] for e in errors) == ["the config key steps_per_print",
+                                                       "the config key zero_optimization.sub_group_size"]
 
 
 def test_auto_paths():
