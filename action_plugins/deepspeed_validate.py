@@ -228,7 +228,7 @@ def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=1
         with open(path, encoding="utf-8") as fh:
             result = json.load(fh)
         result["cached"] = True
-        return result
+        return _named(result, source)
     env = dict(os.environ)
     if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
         env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
@@ -253,6 +253,13 @@ def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=1
             json.dump(result, fh)
         os.replace(tmp, path)
     result["cached"] = False
+    return _named(result, source)
+
+
+def _named(result, source):
+    """DeepSpeed's messages, each prefixed with where the config came from (the user's file or the variables)."""
+    if source and source != "the config":
+        result["errors"] = [e if e.startswith(source) else f"{source}: {e}" for e in result.get("errors") or []]
     return result
 
 
