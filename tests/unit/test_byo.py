@@ -178,7 +178,7 @@ def test_unreadable_base_file_is_named():
 # ------------------------------------------------------------------------------------------ NCCL settings
 
 def _tcpx_documented():
-    text = (BYO / "nccl" / "gcp_tcpx_nccl-config.yaml").read_text()
+    text = (BYO / "nccl" / "gcp_tcpx_nccl-config.yaml.txt").read_text()
     out = {}
     for m in re.finditer(r"-x (\w+)=(\S+) \\", text):
         if m.group(1) != "LD_LIBRARY_PATH":
