@@ -286,3 +286,11 @@ def test_fabric_verdicts(args, status, text):
     assert v["status"] == status and text in v["detail"], v
     if status == "fail":
         assert v["fix"] and "tcp" not in v["fix"].split("profile")[-1].split()[:1]
+
+
+def test_a_value_pasted_with_its_shell_quotes_is_refused_with_the_reason():
+    text = (BYO / "nccl" / "gcp_tcpx_nccl-config.yaml.txt").read_text()
+    raw = re.search(r"-x NCCL_GPUDIRECTTCPX_TX_BINDINGS=(\S+) \\", text).group(1)
+    assert raw.startswith('"')
+    _, _, errors = nv.build_env([], {"NCCL_GPUDIRECTTCPX_TX_BINDINGS": raw}, (), "gcp-tcpx")
+    assert len(errors) == 1 and "starts with a quote" in errors[0] and "without the surrounding quotes" in errors[0]
