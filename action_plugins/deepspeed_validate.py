@@ -13,9 +13,10 @@ description:
     C(bf16), C(offload_optimizer), ...) fails with DeepSpeed's (pydantic's) own message.
   - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
     C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
-  - C("auto") is accepted only where the Hugging Face Trainer fills the value (batch sizes, gradient clipping,
-    optimizer and scheduler parameters, fp16/bf16, the three hidden-size-based ZeRO-3 sizes); for validation those
-    are replaced by typed stand-ins.
+  - C("auto") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
+    the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; module_utils/ds_config.py lists the keys of each);
+    elsewhere the message names the file and key and which integration would fill it. For validation the filled
+    ones are replaced by typed stand-ins.
   - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
     seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop.
 options:
@@ -28,6 +29,15 @@ options:
     type: list
     elements: str
     default: []
+  auto_filler:
+    description: Which integration fills C("auto") values at run time.
+    type: str
+    choices: [trainer, accelerate, none]
+    default: trainer
+  source:
+    description: Where the config came from (the user's file or the variables), for the messages.
+    type: str
+    default: the config
   python:
     description: Python interpreter on the controller that has deepspeed (default, the one running Ansible).
     type: str
@@ -75,16 +85,19 @@ cached:
 """
 
 import copy
-import difflib
 import hashlib
 import json
 import os
 import subprocess
 import sys
 
-# Where the Hugging Face Trainer replaces "auto" (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig),
-# and the typed stand-in used to validate the rest of the config.
-HF_AUTO = {
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
+import ds_config  # noqa: E402  (module_utils/ of this repository, found through the path above)
+import nccl_vars  # noqa: E402  (the shared "did you mean" rule)
+
+# Typed stand-ins for "auto" values an integration fills at run time (ds_config.AUTO_FILLED says which
+# integration fills which key), keyed by DeepSpeed's canonical path; None: leave the key out (DeepSpeed computes it).
+AUTO_STANDIN = {
     "train_micro_batch_size_per_gpu": 1,
     "gradient_accumulation_steps": 1,
     "train_batch_size": None,  # = micro x accumulation x world size; computed by DeepSpeed when absent
@@ -102,41 +115,35 @@ HF_AUTO = {
     "amp.enabled": False,
     "amp.opt_level": "O1",
     "zero_optimization.reduce_bucket_size": 16777216,
-    "zero_optimization.stage3_prefetch_bucket_size": 15099494,
-    "zero_optimization.stage3_param_persistence_threshold": 40960,
+    "zero_optimization.prefetch_bucket_size": 15099494,
+    "zero_optimization.param_persistence_threshold": 40960,
 }
 
 
 def auto_paths(config, prefix=""):
     """Dotted paths of every "auto" value in a nested dict."""
-    paths = []
-    if isinstance(config, dict):
-        for key, value in config.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, str) and value == "auto":
-                paths.append(path)
-            else:
-                paths += auto_paths(value, path)
-    return paths
+    return ds_config.auto_paths(config, prefix)
 
 
-def fill_auto(config):
-    """(config with "auto" replaced by typed stand-ins, [errors for "auto" where the HF Trainer fills nothing])."""
+def fill_auto(config, filler="trainer", source="the config"):
+    """(config with "auto" replaced by typed stand-ins, [errors for "auto" the chosen integration does not fill]).
+
+    fp16 and bf16 both "auto" stand in as bf16 (the integration turns on at most one of them).
+    """
     filled = copy.deepcopy(config)
-    errors = []
+    errors = ds_config.auto_errors(config, filler, source)
+    if errors:
+        return filled, errors
     for path in auto_paths(config):
-        if path not in HF_AUTO:
-            errors.append(f"{path}: \"auto\" is only filled by the Hugging Face Trainer for "
-                          f"{', '.join(sorted(HF_AUTO))}; give a value")
-            continue
         *parents, leaf = path.split(".")
         node = filled
         for p in parents:
             node = node[p]
-        if HF_AUTO[path] is None:
+        standin = AUTO_STANDIN.get(ds_config.canonical_path(path), "auto")
+        if standin is None:
             del node[leaf]
         else:
-            node[leaf] = HF_AUTO[path]
+            node[leaf] = standin
     return filled, errors
 
 
@@ -174,8 +181,8 @@ def _validate_in_process(config, allow_unknown_keys):
     else:
         for key in config:
             if key not in seen and key not in allow_unknown_keys:
-                near = difflib.get_close_matches(key, sorted(seen), n=1, cutoff=0.6)
-                hint = f"; did you mean {near[0]}?" if near else ""
+                near = nccl_vars.nearest(key, seen)
+                hint = f"; did you mean {near}?" if near else ""
                 errors.append(f"{key}: DeepSpeed {deepspeed.__version__} does not read this top-level key{hint}")
     return {"ok": not errors, "errors": errors, "deepspeed_version": deepspeed.__version__}
 
@@ -204,10 +211,11 @@ def _deepspeed_version(python):
         return "none"
 
 
-def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=180):
+def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=180, auto_filler="trainer",
+             source="the config"):
     """Controller side: "auto" checks here, DeepSpeed in a child process, results cached by hash."""
     python = python or sys.executable
-    filled, errors = fill_auto(config)
+    filled, errors = fill_auto(config, auto_filler, source)
     if errors:
         return {"ok": False, "errors": errors, "cached": False}
     version = _deepspeed_version(python)
@@ -220,7 +228,7 @@ def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=1
         with open(path, encoding="utf-8") as fh:
             result = json.load(fh)
         result["cached"] = True
-        return result
+        return _named(result, source)
     env = dict(os.environ)
     if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
         env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
@@ -245,6 +253,13 @@ def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=1
             json.dump(result, fh)
         os.replace(tmp, path)
     result["cached"] = False
+    return _named(result, source)
+
+
+def _named(result, source):
+    """DeepSpeed's messages, each prefixed with where the config came from (the user's file or the variables)."""
+    if source and source != "the config":
+        result["errors"] = [e if e.startswith(source) else f"{source}: {e}" for e in result.get("errors") or []]
     return result
 
 
@@ -268,8 +283,12 @@ class ActionModule(ActionBase):
         allow = args.get("allow_unknown_keys") or []
         if isinstance(allow, str):
             allow = [allow]
+        filler = args.get("auto_filler") or "trainer"
+        if filler not in ds_config.AUTO_FILLED:
+            raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
         outcome = validate(config, allow, python=args.get("python"),
                            cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
-                           timeout=int(args.get("timeout", 180)))
+                           timeout=int(args.get("timeout", 180)), auto_filler=filler,
+                           source=args.get("source") or "the config")
         result.update(changed=False, **outcome)
         return result

@@ -11,8 +11,9 @@ description:
   - Merges the role's sections with the user's extra variables and checks every name against the variables NCCL,
     torch, gloo, CUDA, OpenMP and the launchers read (module_utils/nccl_vars.py). An unknown name (a typo) is an
     error that names the nearest valid variable.
-  - Checks every value can be written unquoted, so C(docker run --env-file) and a shell C(set -a; . file) read it
-    the same way.
+  - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
+    launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
+    leading quote or a blank at either end is refused with the reason).
   - Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
     C(errors) so the role can record the check in the preflight report and then stop.
 options:
@@ -25,6 +26,11 @@ options:
     description: The user's variables (C(nccl_env_extra)); they may override the role's, but not the rendezvous ones.
     type: dict
     default: {}
+  profile:
+    description: The transport profile (C(nccl_env_profile)); under C(ib) and C(roce) an C(NCCL_IB_DISABLE=1) in
+      I(extra) is refused (it would move the job onto sockets).
+    type: str
+    default: ""
   allow_unknown:
     description: Names, or shell-style patterns (C(MYLAB_*)), accepted although NCCL and torch do not read them.
     type: list
@@ -93,6 +99,6 @@ class ActionModule(ActionBase):
         allow = args.get("allow_unknown") or []
         if isinstance(allow, str):
             allow = [allow]
-        merged, env, errors = nccl_vars.build_env(sections, extra, allow)
+        merged, env, errors = nccl_vars.build_env(sections, extra, allow, str(args.get("profile") or ""))
         result.update(changed=False, ok=not errors, errors=errors, sections=merged, env=env)
         return result

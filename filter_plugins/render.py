@@ -8,6 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
+import ds_config  # noqa: E402  (module_utils/ of this repository, found through the path above)
 import nccl_vars  # noqa: E402  (module_utils/ of this repository, found through the path above)
 
 
@@ -75,11 +76,11 @@ def _truthy(value):
     return bool(value)
 
 
-def ds_lora_gather(config, overrides=None, finetuning_type="lora"):
+def ds_lora_gather(config, overrides=None, finetuning_type="lora", base_file=""):
     """Whether a LoRA job's ZeRO-3 config gathers the 16-bit weights on save (else the saved adapter is empty).
 
     Returns {status: pass|fail|skip, detail, variable}: variable names what turned it off (the user's override
-    path, or deepspeed_config_gather_16bit_weights_on_model_save).
+    path, the key of the user's base file, or deepspeed_config_gather_16bit_weights_on_model_save).
     """
     zero = (config or {}).get("zero_optimization") or {}
     if str(finetuning_type).lower() != "lora":
@@ -95,12 +96,128 @@ def ds_lora_gather(config, overrides=None, finetuning_type="lora"):
     off = [k for k in GATHER_KEYS if k in zero and not _truthy(zero[k])]
     if off or not any(_truthy(zero.get(k)) for k in GATHER_KEYS):
         key = off[0] if off else GATHER_KEYS[0]
-        variable = f"deepspeed_config_overrides.zero_optimization.{key}" if key in over else GATHER_VAR
+        variable = (f"deepspeed_config_overrides.zero_optimization.{key}" if key in over
+                    else f"{base_file} key zero_optimization.{key}" if base_file else GATHER_VAR)
         return {"status": "fail", "variable": variable,
                 "detail": f"LoRA under ZeRO-3 with zero_optimization.{key} = false (set by {variable}): "
                           f"the saved adapter would be empty"}
-    return {"status": "pass", "variable": "",
-            "detail": "LoRA under ZeRO-3: zero_optimization.stage3_gather_16bit_weights_on_model_save is true"}
+    on = next(k for k in GATHER_KEYS if _truthy(zero.get(k)))
+    return {"status": "pass", "variable": "", "detail": f"LoRA under ZeRO-3: zero_optimization.{on} is true"}
+
+
+def ds_build(generated, overrides=None, user_config=None, base_file="", wants=None):
+    """The DeepSpeed config to write, and what the product added to what the user gave.
+
+    With base_file (the user's ds_config.json, already parsed into user_config) the user's config is the base:
+    the product adds only what wants asks for and the config leaves unset (ds_config.additions); without it,
+    `generated` (built from the deepspeed_config_* variables) is the base. deepspeed_config_overrides is merged
+    last either way, alias-aware (a key replaces every DeepSpeed spelling of the same field). Returns
+    {config, added: [{key, value, why}], kept: [text], overridden: [paths], duplicates: [text], source}.
+    """
+    overrides = overrides or {}
+    wants = wants or {}
+    if base_file:
+        result = ds_config.additions(user_config or {}, wants, base_file)
+        base, added, kept = result["config"], result["added"], result["kept"]
+        duplicates = ds_config.duplicate_spellings(user_config or {})
+    else:
+        base, added, kept, duplicates = generated or {}, [], [], []
+        mode, key = ds_config.precision(overrides)
+        _, bf16 = ds_config.find(base, "bf16.enabled")
+        if mode == "fp16" and ds_config._enabled(bf16) is True:
+            base = {k: v for k, v in base.items() if k not in ds_config.spellings("", "bf16")}
+            kept.append(f"deepspeed_config_overrides sets {key}: bf16 from deepspeed_config_bf16 left out "
+                        f"(DeepSpeed refuses fp16 and bf16 together)")
+    config = ds_config.alias_combine(base, overrides)
+    overridden = [p for p in _leaf_paths(overrides)]
+    return {"config": config, "added": added, "kept": kept, "overridden": overridden, "duplicates": duplicates,
+            "source": base_file or "deepspeed_config_* variables"}
+
+
+def _leaf_paths(node, prefix=""):
+    if isinstance(node, dict) and node:
+        out = []
+        for key, value in node.items():
+            out += _leaf_paths(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [prefix] if prefix else []
+
+
+def ds_load(text, source):
+    """{ok, config, error} of the user's ds_config.json text (read on the controller)."""
+    return ds_config.load(text, source)
+
+
+_FABRIC_FIX = {
+    "ib": "Install the InfiniBand driver (MLNX_OFED or rdma-core) on the node and give the container /dev/infiniband; "
+          "`ibv_devinfo` must list the HCAs. A node without InfiniBand runs nccl_env_profile: tcp",
+    "roce": "Configure the RoCE NICs (rdma-core, `ibv_devinfo` shows link_layer Ethernet) and give the container "
+            "/dev/infiniband",
+    "efa": "Attach EFA interfaces to the instance and install the EFA driver (the EFA installer); the image needs "
+           "libfabric and aws-ofi-nccl (set nccl_env_plugin_dir to where libnccl-net*.so is)",
+    "gcp-tcpx": "Create the VM with the GPU NICs (A3 High: four extra NICs) and mount the TCPX plugin into the "
+                "image (nccl_env_plugin_dir; GCP's nccl-plugin-gpudirecttcpx installer); run the RxDM container",
+    "gcp-tcpxo": "Create the VM with the GPU NICs (A3 Mega: eight extra NICs) and mount the TCPXO plugin into the "
+                 "image (nccl_env_plugin_dir; GCP's nccl-plugin-gpudirecttcpx-dev installer); run the RxDM container",
+}
+
+
+def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plugin=None, plugin_dir="",
+                ib_hca=""):
+    """The verdict of nccl_env.fabric: {status, detail, fix} from what the node and the container showed.
+
+    rdma_devices: names under /sys/class/infiniband; link_layers: {device: "InfiniBand"|"Ethernet"};
+    missing_nics: GPU NICs not under /sys/class/net; plugin: the registered `find` of libnccl-net*.so* in the
+    image ({} when not probed); ib_hca: nccl_env_ib_hca (the HCAs named must exist).
+    """
+    fix = _FABRIC_FIX.get(profile, "")
+    if profile == "tcp":
+        return {"status": "skip", "fix": "",
+                "detail": "profile tcp: sockets over the data interface (network.iface checks it); no fabric devices"}
+    problems, seen = [], []
+    devices = sorted(rdma_devices or [])
+    layers = link_layers or {}
+    if profile in ("ib", "roce"):
+        want = "InfiniBand" if profile == "ib" else "Ethernet"
+        usable = [d for d in devices if layers.get(d, want) == want and not d.startswith(("rdmap", "efa"))]
+        if not usable:
+            found = ", ".join("%s (%s)" % (d, layers.get(d, "?")) for d in devices)
+            problems.append(f"no {want} RDMA device under /sys/class/infiniband" + (f" (found {found})" if found else ""))
+        named = [h.split(":")[0] for h in str(ib_hca or "").lstrip("^=").split(",") if h]
+        absent = [h for h in named if not any(d == h or d.startswith(h) for d in devices)]
+        if named and absent and not str(ib_hca).startswith("^"):
+            problems.append(f"nccl_env_ib_hca names {', '.join(absent)}, not on this node")
+        seen.append(f"RDMA devices: {', '.join(devices) or 'none'}")
+    if profile == "efa":
+        efa = [d for d in devices if d.startswith(("rdmap", "efa"))]
+        if not efa:
+            problems.append("no EFA device under /sys/class/infiniband")
+        seen.append(f"EFA devices: {', '.join(efa) or 'none'}")
+    if profile in ("gcp-tcpx", "gcp-tcpxo"):
+        if missing_nics:
+            problems.append(f"GPU NICs missing: {', '.join(missing_nics)} (nccl_env_gpu_nics)")
+        else:
+            seen.append("GPU NICs present")
+    if profile in ("efa", "gcp-tcpx", "gcp-tcpxo"):
+        plugin = plugin or {}
+        found = [ln for ln in (plugin.get("stdout") or "").splitlines() if ln.strip()]
+        if not plugin:
+            return {"status": "skip", "fix": fix,
+                    "detail": "; ".join(problems + seen + ["the plugin probe did not run"])}
+        if plugin.get("rc") not in (0, None) and not found:
+            err = (plugin.get("stderr") or plugin.get("msg") or "").strip().splitlines()[-1:] or [""]
+            if "No such container" in err[0] or "is not running" in err[0]:
+                return {"status": "fail" if problems else "skip", "fix": fix,
+                        "detail": "; ".join(problems + seen + [f"the training container is not running, so "
+                                                               f"{plugin_dir}/libnccl-net*.so could not be looked "
+                                                               f"for ({err[0]})"])}
+        if not found:
+            problems.append(f"no libnccl-net*.so in {plugin_dir} of the training image")
+        else:
+            seen.append(f"plugin {', '.join(found)}")
+    if problems:
+        return {"status": "fail", "detail": f"profile {profile}: " + "; ".join(problems), "fix": fix}
+    return {"status": "pass", "detail": f"profile {profile}: " + "; ".join(seen), "fix": ""}
 
 
 class FilterModule:
@@ -110,4 +227,7 @@ class FilterModule:
             "trainyard_argv": argv,
             "trainyard_dict_diff_paths": dict_diff_paths,
             "trainyard_ds_lora_gather": ds_lora_gather,
+            "trainyard_ds_build": ds_build,
+            "trainyard_nccl_fabric": nccl_fabric,
+            "trainyard_ds_load": ds_load,
         }

@@ -12,6 +12,24 @@ minus C macro and enum names (CUDA_ERROR_*, TORCH_CHECK, NCCL_LOG_*, ...); plus 
 releases still document (NCCL_ASYNC_ERROR_HANDLING, NCCL_LL_THRESHOLD, ...), the rendezvous and launcher names
 torchrun and DeepSpeed read, and the usual Hugging Face / logging names. A name outside these lists is allowed
 only through nccl_env_allow_unknown (names or shell-style patterns such as MYLAB_*).
+
+The components under NCCL, each list from the component's own source or documentation:
+- libfabric (FI_*): the fabric(7) and fi_efa(7) man pages of libfabric 1.18-2.x (ofiwg/libfabric,
+  man/fabric.7.md "ENVIRONMENT VARIABLES", man/fi_efa.7.md "RUNTIME PARAMETERS"), and aws-ofi-nccl's
+  doc/efa-env-var.md (FI_EFA_USE_HUGE_PAGE, FI_EFA_FORK_SAFE, FI_EFA_USE_DEVICE_RDMA, FI_EFA_ENABLE_SHM_TRANSFER,
+  FI_PROVIDER).
+- aws-ofi-nccl (OFI_NCCL_*): include/nccl_ofi_param.h of aws/aws-ofi-nccl (every OFI_NCCL_PARAM name, prefixed
+  OFI_NCCL_ as the macro does), plus OFI_NCCL_TRACE; RDMAV_FORK_SAFE is rdma-core's (the same doc warns against it).
+- GPUDirect-TCPX plugin (NCCL_GPUDIRECTTCPX_*, NCCL_DYNAMIC_CHUNK_SIZE): GoogleCloudPlatform/container-engine-
+  accelerators gpudirect-tcpx/nccl-config.yaml (run-nccl.sh) and GCP's "Maximize GPU network bandwidth"
+  (GPUDirect-TCPX) page, which adds NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX and NCCL_GPUDIRECTTCPX_FORCE_ACK.
+- GPUDirect-TCPXO plugin (NCCL_FASTRAK_*, NCCL_SHIMNET_*, NCCL_TUNER_CONFIG_PATH, NCCL_USE_SNAP,
+  NCCL_NET_PLUGIN_TELEMETRY_MODE): GCP's nccl-env-profile.sh of the nccl-plugin-gpudirecttcpx-dev image, as
+  reproduced in public launch scripts (tests/data/byo/nccl/README.md cites them).
+- UCX (UCX_*): `ucx_info -c` of UCX 1.16 and the Azure HPC/ND documentation (UCX_IB_PCI_RELAXED_ORDERING,
+  UCX_NET_DEVICES, UCX_TLS).
+- SHARP (SHARP_COLL_*): the NCCL-RDMA-SHARP plugin's README (Mellanox/nccl-rdma-sharp-plugins) and the SHARP
+  collective library documentation.
 """
 
 from __future__ import annotations
@@ -166,13 +184,81 @@ _OTHER = """
     TRANSFORMERS_VERBOSITY TOKENIZERS_PARALLELISM ACCELERATE_LOG_LEVEL TENSORBOARD_LOGGING_DIR
     WANDB_MODE WANDB_DISABLED WANDB_PROJECT WANDB_DIR WANDB_SILENT
     PYTHONUNBUFFERED PYTHONFAULTHANDLER PYTHONHASHSEED PYTHONPATH PYTHONDONTWRITEBYTECODE LOGLEVEL
+    LD_LIBRARY_PATH LD_PRELOAD PATH
     TRAINYARD_COLLECTIVE_TIMEOUT_S TRAINYARD_RESUME_FROM
 """
+
+_LIBFABRIC = """
+    FI_PROVIDER FI_PROVIDER_PATH FI_LOG_LEVEL FI_LOG_PROV FI_LOG_SUBSYS FI_HOOK FI_UNIVERSE_SIZE FI_HMEM
+    FI_HMEM_CUDA_ENABLE_XFER FI_HMEM_CUDA_USE_GDRCOPY FI_HMEM_CUDA_USE_DMABUF FI_HMEM_DISABLE_P2P
+    FI_MR_CACHE_MONITOR FI_MR_CACHE_MAX_SIZE FI_MR_CACHE_MAX_COUNT FI_MR_CUDA_CACHE_MONITOR_ENABLED
+    FI_EFA_TX_SIZE FI_EFA_RX_SIZE FI_EFA_TX_IOV_LIMIT FI_EFA_RX_IOV_LIMIT FI_EFA_TX_MIN_CREDITS
+    FI_EFA_TX_QUEUE_SIZE FI_EFA_ENABLE_SHM_TRANSFER FI_EFA_USE_SHM FI_EFA_SHM_AV_SIZE FI_EFA_SHM_MAX_MEDIUM_SIZE
+    FI_EFA_RECVWIN_SIZE FI_EFA_READ_SEGMENT_SIZE FI_EFA_CQ_SIZE FI_EFA_MR_CACHE_ENABLE FI_EFA_MR_MAX_CACHED_COUNT
+    FI_EFA_MR_MAX_CACHED_SIZE FI_EFA_MTU_SIZE FI_EFA_TX_MAX_CREDITS FI_EFA_RNR_RETRY FI_EFA_RUNT_SIZE
+    FI_EFA_INTER_MAX_MEDIUM_MESSAGE_SIZE FI_EFA_INTER_MIN_READ_MESSAGE_SIZE FI_EFA_INTER_MIN_READ_WRITE_SIZE
+    FI_EFA_INTER_READ_SEGMENT_SIZE FI_EFA_INTER_MAX_GDRCOPY_MESSAGE_SIZE FI_EFA_USE_DEVICE_RDMA FI_EFA_FORK_SAFE
+    FI_EFA_USE_HUGE_PAGE FI_EFA_USE_ZCPY_RX FI_EFA_SET_CUDA_SYNC_MEMOPS FI_EFA_ENABLE_WRITE_IN_ORDER
+    FI_EFA_WAIT_FOR_REMOTE_ACK FI_EFA_USE_UNSOLICITED_WRITE_RECV FI_EFA_HOMOGENEOUS_PEERS
+    FI_EFA_DEVICE_RDMA FI_EFA_MAX_RNR_BACKOFF_WAIT_TIME_CAP FI_EFA_TIMEOUT_INTERVAL
+    FI_SOCKETS_IFACE FI_TCP_IFACE FI_VERBS_IFACE FI_OFI_RXM_USE_SRX
+"""
+
+_AWS_OFI_NCCL = """
+    OFI_NCCL_ABORT_ON_ERROR OFI_NCCL_CM_NUM_RX_BUFFERS OFI_NCCL_CQ_READ_COUNT OFI_NCCL_CQ_SIZE
+    OFI_NCCL_CUDA_FLUSH_ENABLE OFI_NCCL_DISABLE_CLOSE_MESSAGE OFI_NCCL_DISABLE_DMABUF
+    OFI_NCCL_DISABLE_GDR_REQUIRED_CHECK OFI_NCCL_DISABLE_NATIVE_RDMA_CHECK OFI_NCCL_EAGER_MAX_SIZE
+    OFI_NCCL_EARLY_COMPLETION OFI_NCCL_ENDPOINT_PER_COMM OFI_NCCL_ERRORCHECK_MUTEX OFI_NCCL_EXCLUDE_TCP_IF
+    OFI_NCCL_FORCE_NUM_RAILS OFI_NCCL_GDAKI_EFA_HW_COUNTER OFI_NCCL_GDR_FLUSH_DISABLE
+    OFI_NCCL_GIN_CQ_PROCESS_MAX_ITER OFI_NCCL_MIN_STRIPE_SIZE OFI_NCCL_MR_CACHE_DISABLE OFI_NCCL_MR_KEY_SIZE
+    OFI_NCCL_NET_LATENCY OFI_NCCL_NIC_DUP_CONNS OFI_NCCL_NVTX_TRACE_DIMENSION OFI_NCCL_PLATFORM
+    OFI_NCCL_PROGRESS_MODEL OFI_NCCL_PROTOCOL OFI_NCCL_RDMA_MAX_POSTED_CONTROL_BUFFERS
+    OFI_NCCL_RDMA_MAX_POSTED_EAGER_BUFFERS OFI_NCCL_RDMA_MIN_POSTED_CONTROL_BUFFERS
+    OFI_NCCL_RDMA_MIN_POSTED_EAGER_BUFFERS OFI_NCCL_RR_CTRL_MSG OFI_NCCL_SCHED_MAX_SMALL_RR_SIZE
+    OFI_NCCL_SKIP_NICS_WITHOUT_ACCEL_AT_SAME_PCI_LEVEL OFI_NCCL_TUNER_NET_COMP_OVERHEAD OFI_NCCL_TUNER_NET_LATENCY
+    OFI_NCCL_TUNER_NUM_CHANNELS OFI_NCCL_TUNER_TYPE OFI_NCCL_USE_IPV6_TCP OFI_NCCL_USE_LOW_LATENCY_TC
+    OFI_NCCL_TRACE RDMAV_FORK_SAFE
+"""
+
+_GCP_TCPX = """
+    NCCL_GPUDIRECTTCPX_SOCKET_IFNAME NCCL_GPUDIRECTTCPX_CTRL_DEV NCCL_GPUDIRECTTCPX_TX_BINDINGS
+    NCCL_GPUDIRECTTCPX_RX_BINDINGS NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS
+    NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX NCCL_GPUDIRECTTCPX_FORCE_ACK NCCL_DYNAMIC_CHUNK_SIZE
+"""
+
+_GCP_TCPXO = """
+    NCCL_FASTRAK_CTRL_DEV NCCL_FASTRAK_IFNAME NCCL_FASTRAK_NUM_FLOWS NCCL_FASTRAK_FLOWS_PER_GROUP
+    NCCL_FASTRAK_ENABLE_CONTROL_CHANNEL NCCL_FASTRAK_USE_SNAP NCCL_FASTRAK_USE_LLCM
+    NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY NCCL_FASTRAK_ENABLE_HOTPATH_LOGGING NCCL_FASTRAK_PLUGIN_ACCEPT_TIMEOUT_MS
+    NCCL_TUNER_CONFIG_PATH NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE NCCL_SHIMNET_SHIM_LAYERS NCCL_USE_SNAP
+    NCCL_NET_PLUGIN_TELEMETRY_MODE
+"""
+
+_UCX_SHARP = """
+    UCX_TLS UCX_NET_DEVICES UCX_IB_GID_INDEX UCX_IB_SL UCX_IB_TRAFFIC_CLASS UCX_IB_PCI_RELAXED_ORDERING
+    UCX_IB_REG_METHODS UCX_LOG_LEVEL UCX_MEMTYPE_CACHE UCX_RNDV_THRESH UCX_RNDV_SCHEME UCX_MAX_RNDV_RAILS
+    UCX_MAX_EAGER_RAILS UCX_RC_TIMEOUT UCX_RC_RETRY_COUNT UCX_UNIFIED_MODE UCX_WARN_UNUSED_ENV_VARS
+    UCX_SOCKADDR_TLS_PRIORITY UCX_TCP_CM_REUSEADDR UCX_ZCOPY_THRESH UCX_POSIX_USE_PROC_LINK
+    SHARP_COLL_ENABLE_SAT SHARP_COLL_LOG_LEVEL SHARP_COLL_LOCK_ON_COMM_INIT SHARP_COLL_ENABLE_PCI_RELAXED_ORDERING
+    SHARP_COLL_NUM_COLL_GROUP_RESOURCE_ALLOC_THRESHOLD SHARP_COLL_SAT_THRESHOLD SHARP_COLL_JOB_QUOTA_OSTS
+    SHARP_COLL_JOB_QUOTA_MAX_GROUPS SHARP_COLL_JOB_QUOTA_PAYLOAD_PER_OST SHARP_COLL_ENABLE_MCAST_TARGET
+    SHARP_COLL_OSTS_PER_GROUP SHARP_COLL_SAT_LOCK_BATCH_SIZE SHARP_COLL_PIPELINE_DEPTH
+"""
+
+# Components and their names, for messages ("read by ...").
+COMPONENTS = {
+    "libfabric": frozenset(_LIBFABRIC.split()),
+    "aws-ofi-nccl": frozenset(_AWS_OFI_NCCL.split()),
+    "the GPUDirect-TCPX NCCL plugin": frozenset(_GCP_TCPX.split()),
+    "the GPUDirect-TCPXO NCCL plugin": frozenset(_GCP_TCPXO.split()),
+    "UCX or SHARP": frozenset(_UCX_SHARP.split()),
+}
 
 KNOWN_NCCL = frozenset(_NCCL.split())
 KNOWN_TORCH = frozenset(_TORCH.split())
 KNOWN_OTHER = frozenset(_GLOO_CUDA_OMP.split()) | frozenset(_OTHER.split())
-KNOWN = KNOWN_NCCL | KNOWN_TORCH | KNOWN_OTHER
+KNOWN_FABRIC = frozenset().union(*COMPONENTS.values())
+KNOWN = KNOWN_NCCL | KNOWN_TORCH | KNOWN_OTHER | KNOWN_FABRIC
 
 # Derived from the cluster model: a user sets cluster_* instead, never these directly.
 RESERVED = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NPROC_PER_NODE", "NODE_RANK")
@@ -181,18 +267,67 @@ PER_NODE = ("NODE_RANK",)
 IFACE_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# A value both `docker run --env-file` (takes the rest of the line literally) and a shell `set -a; . file`
-# (interprets quotes, $, spaces, globs) read the same way: no quoting needed, so none allowed.
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=^-]*$")
+# The env file is read by three consumers: `docker run --env-file` (the rest of the line after the first "=",
+# literally: no quote removal, no escapes, trailing blanks kept), systemd's EnvironmentFile= (systemd.exec(5):
+# leading/trailing blanks dropped, a value starting with ' or " is unquoted, a backslash escapes the next
+# character, quotes after the first character are kept) and the launch module (module_utils/torchrun.py,
+# parse_env_file). They agree exactly on a value that has no line break, NUL or backslash, no blank at either
+# end and does not start with a quote: such a value is written as it is (";", ",", ":", "=", "#", "$", inner
+# quotes and inner blanks included); any other value is refused, saying why.
+_VALUE_PROBLEMS = (
+    (lambda t: "\n" in t or "\r" in t, "has a line break (one line per variable in every env file format)"),
+    (lambda t: "\0" in t, "has a NUL character (no environment can hold it)"),
+    (lambda t: "\\" in t, "has a backslash: systemd's EnvironmentFile= reads it as an escape, docker --env-file "
+                          "keeps it"),
+    (lambda t: t[:1] in ("'", '"'), "starts with a quote: systemd's EnvironmentFile= removes the quotes, "
+                                    "docker --env-file keeps them (write the value without the surrounding quotes)"),
+    (lambda t: t != t.strip(" \t"), "has a blank at the start or end: systemd drops it, docker --env-file keeps it"),
+)
+
+
+def _distance(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (optimal string alignment)."""
+    if a == b:
+        return 0
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def max_distance(name: str) -> int:
+    """How many edits a name may be from a known one to count as its typo: 1 up to 15 characters, 2 up to 23,
+    3 beyond (a longer name has more room for a slip, never enough to reach an unrelated name)."""
+    return 1 if len(name) < 16 else 2 if len(name) < 24 else 3
+
+
+def nearest(name: str, known, limit: int | None = None) -> str | None:
+    """The known name within max_distance(name) edits of `name` (case-insensitive), the closest first; None when
+    no known name is that close."""
+    limit = max_distance(name) if limit is None else limit
+    upper = name.upper()
+    best, best_d = None, limit + 1
+    for k in sorted(known):
+        if abs(len(k) - len(name)) > limit:
+            continue
+        d = _distance(upper, k.upper())
+        if d < best_d:
+            best, best_d = k, d
+    return best if best_d <= limit else None
 
 
 def suggest(name: str, known=KNOWN) -> str | None:
-    """The known name nearest to `name` (difflib), or None when nothing is close."""
+    """The known name nearest to `name`, or None when nothing is close."""
     upper = name.upper()
     if upper != name and upper in known:
         return upper
-    match = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
-    return match[0] if match else None
+    return nearest(name, known)
 
 
 def is_allowed(name: str, allow=()) -> bool:
@@ -219,23 +354,28 @@ def check_name(name: str, allow=()) -> str | None:
         return None
     near = suggest(name)
     hint = f"; did you mean {near}?" if near else ""
-    return (f"{name} is not a variable NCCL, torch or the launcher reads{hint} "
+    return (f"{name} is not a variable NCCL, its network and tuner plugins (aws-ofi-nccl, GPUDirect-TCPX/TCPXO), "
+            f"libfabric, UCX, SHARP, torch or the launcher reads{hint} "
             f"(a variable of your own: add it to nccl_env_allow_unknown)")
 
 
 def check_value(name: str, value) -> tuple[str | None, str | None]:
-    """(value as text, None) or (None, why it cannot be written)."""
+    """(value as text, None) or (None, why no env-file consumer can carry it the same way)."""
     try:
         text = to_value(value)
     except ValueError as exc:
         return None, f"{name} {exc}"
-    if not _SAFE_VALUE.match(text):
-        return None, (f"{name}={text!r}: the value has characters an env file cannot carry unquoted for both "
-                      f"docker --env-file and a shell (allowed: letters, digits and _ . , : / @ % + = ^ -)")
+    for bad, why in _VALUE_PROBLEMS:
+        if bad(text):
+            return None, f"{name}={text!r}: the value {why}"
     return text, None
 
 
-def build_env(sections, extra=None, allow=()):
+# Profiles on the verbs transport: turning InfiniBand off there moves the job onto sockets without a word.
+VERBS_PROFILES = ("ib", "roce")
+
+
+def build_env(sections, extra=None, allow=(), profile=""):
     """Merge the role's sections with the user's extras and check every name and value.
 
     sections: list of {"title": str, "vars": {name: value}} in file order; a value of None drops the line
@@ -249,6 +389,10 @@ def build_env(sections, extra=None, allow=()):
         if name in RESERVED:
             errors.append(f"{name} comes from the cluster model and cannot be set in nccl_env_extra "
                           f"(set the matching cluster_* variable instead)")
+    if profile in VERBS_PROFILES and str(extra.get("NCCL_IB_DISABLE", "0")).strip().lower() in ("1", "true", "yes"):
+        errors.append(f"NCCL_IB_DISABLE={extra['NCCL_IB_DISABLE']} in nccl_env_extra turns InfiniBand off under "
+                      f"nccl_env_profile {profile}: NCCL would fall back to TCP sockets on this fabric; remove it "
+                      f"(a job meant to run over sockets says so with nccl_env_profile: tcp)")
     out: list[dict] = []
     env: dict[str, str] = {}
     for section in list(sections or []) + [{"title": "user variables (nccl_env_extra)", "vars": extra}]:

@@ -110,24 +110,37 @@ def shell_quote(argv):
 
 # ------------------------------------------------------------------------------------------- environment
 
+# Env files are read the way `docker run --env-file` and systemd's EnvironmentFile= both read them: KEY=value, the
+# value literally (";", ",", ":", "=", "#", "$", inner quotes and blanks kept). A line those two would read
+# differently is refused, naming both readings (module_utils/nccl_vars.py writes only lines they agree on).
+_ENV_LINE_PROBLEMS = (
+    (lambda v: "\\" in v, "a backslash (systemd's EnvironmentFile= reads it as an escape, docker --env-file keeps it)"),
+    (lambda v: v[:1] in ("'", '"'), "a value that starts with a quote (systemd's EnvironmentFile= removes the quotes, "
+                                    "docker --env-file keeps them): write the value without them"),
+    (lambda v: v != v.rstrip(" \t\r"),
+     "blanks at the end of the value (systemd drops them, docker --env-file keeps them)"),
+)
+
+
 def parse_env_file(text, source="env file"):
-    """KEY=value lines (``export KEY=value`` too); blank lines and # comments are skipped; single or double
-    quotes around the whole value are removed. Returns (env, problems)."""
+    """KEY=value lines, read as docker's --env-file and systemd's EnvironmentFile= both read them; blank lines and
+    # comments are skipped. Returns (env, problems): a line they would read differently (or that is not KEY=value)
+    is a problem naming the line and why, and is left out of env."""
     env, problems = {}, []
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.lstrip(" \t")
+        if not line.strip() or line.startswith("#"):
             continue
-        if line.startswith("export "):
-            line = line[len("export "):].lstrip()
         key, sep, value = line.partition("=")
-        key = key.strip()
         if not sep or not _ENV_NAME.match(key):
-            problems.append("%s line %d: not KEY=value: %r" % (source, n, raw[:80]))
+            why = ("`export` is a shell word: docker --env-file refuses the line and systemd ignores it; write "
+                   "KEY=value" if key.startswith("export ") else "not KEY=value (no blanks around the name)")
+            problems.append("%s line %d: %s: %r" % (source, n, why, raw[:80]))
             continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in ("'", '"'):
-            value = value[1:-1]
+        bad = [why for test, why in _ENV_LINE_PROBLEMS if test(value)]
+        if bad:
+            problems.append("%s line %d: %s has %s" % (source, n, key, bad[0]))
+            continue
         env[key] = value
     return env, problems
 
@@ -504,19 +517,14 @@ def write_json(path, data):
 def env_file(path):
     env = {}
     with open(path) as f:
-        for raw in f:
-            line = raw.strip()
-            if not line or line.startswith("#"):
+        for raw in f.read().split("\n"):
+            line = raw.lstrip(" \t")
+            if not line.strip() or line.startswith("#"):
                 continue
-            if line.startswith("export "):
-                line = line[7:].lstrip()
             k, sep, v = line.partition("=")
-            k, v = k.strip(), v.strip()
             if not sep or not k:
                 continue
-            if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
-                v = v[1:-1]
-            env[k] = v
+            env[k] = v  # literally, as parse_env_file (which the module ran on this file first) reads it
     return env
 
 

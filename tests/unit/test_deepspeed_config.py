@@ -28,7 +28,8 @@ def test_fill_auto_replaces_only_hf_filled_fields():
     assert filled["zero_optimization"]["reduce_bucket_size"] > 0
     assert BASE["optimizer"]["params"]["lr"] == "auto", "the input is not modified"
     _, errors = dv.fill_auto({**BASE, "steps_per_print": "auto", "zero_optimization": {"sub_group_size": "auto"}})
-    assert sorted(e.split(":")[0] for e in errors) == ["steps_per_print", "zero_optimization.sub_group_size"]
+    assert sorted(e.split(":")[0] for e in errors) == ["the config key steps_per_print",
+                                                       "the config key zero_optimization.sub_group_size"]
 
 
 def test_auto_paths():
@@ -172,3 +173,20 @@ def test_a_node_with_its_own_config_is_named(tmp_path):
     p = c.run(roles=["deepspeed_config"])
     assert p.returncode != 0
     assert "node3: the DeepSpeed config differs from node1's at steps_per_print" in p.stdout
+
+
+def test_users_own_config_file_goes_in_unchanged_with_the_additions_listed(tmp_path):
+    src = REPO / "tests" / "data" / "byo" / "deepspeed" / "axolotl_zero3.json"
+    user = json.loads(src.read_text())
+    c = LocalCluster(tmp_path)
+    p = c.run(roles=["deepspeed_config"], extra={"deepspeed_config_base_file": str(src)})
+    assert p.returncode == 0, p.stdout[-3000:]
+    ds = c.ds("node1")
+    added = {k: v for k, v in ds.items() if k not in user}
+    assert {k: ds[k] for k in user} == user and added == {"checkpoint": {"use_node_local_storage": True}}
+    rec = c.records(p, "deepspeed_config.valid")["node1"]
+    assert rec["status"] == "pass" and [a["key"] for a in rec["data"]["added"]] == ["checkpoint.use_node_local_storage"]
+    assert "from " + str(src) in rec["detail"] and "precision from" in rec["detail"]
+    # a file that cannot be read stops before anything is written, naming the variable
+    p = c.run(roles=["deepspeed_config"], extra={"deepspeed_config_base_file": str(tmp_path / "nope.json")})
+    assert p.returncode != 0 and "deepspeed_config_base_file" in p.stdout and "nope.json" in p.stdout

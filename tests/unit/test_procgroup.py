@@ -180,7 +180,7 @@ def run_launcher(tmp_path, argv, env=None, env_files=(), token=None, chdir=""):
 
 def test_launcher_records_pid_env_and_exit_code(tmp_path):
     envf = tmp_path / "nccl.env"
-    envf.write_text("export FROM_FILE=1\nBOTH=file\n")
+    envf.write_text("FROM_FILE=1\nBOTH=file\n")
     pid, ticks, token = run_launcher(
         tmp_path, [sys.executable, "-c", "import os,sys; print(os.environ['FROM_FILE'], os.environ['BOTH'], "
                    "os.environ['TRAINYARD_LAUNCH_ID'], os.getcwd()); sys.exit(3)"],

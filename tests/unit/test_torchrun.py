@@ -89,9 +89,9 @@ def test_bad_job_names(name):
 # -------------------------------------------------------------------------------------------- environment
 
 def test_env_file_forms():
-    text = "# comment\n\nA=1\nexport B=two words\nC='quoted'\nD=\"dq\"\nE=a=b\n  F = spaced \n"
+    text = "# comment\n\nA=1\n  B=two words\nE=a=b\nF=x#y\n"
     env, problems = tr.parse_env_file(text)
-    assert env == {"A": "1", "B": "two words", "C": "quoted", "D": "dq", "E": "a=b", "F": "spaced"}
+    assert env == {"A": "1", "B": "two words", "E": "a=b", "F": "x#y"}
     assert problems == []
 
 
@@ -99,6 +99,15 @@ def test_env_file_problems_name_the_line():
     env, problems = tr.parse_env_file("GOOD=1\nnot a line\n1BAD=2\n", "nccl.env")
     assert env == {"GOOD": "1"}
     assert len(problems) == 2 and "nccl.env line 2" in problems[0] and "line 3" in problems[1]
+
+
+@pytest.mark.parametrize("line,why", [
+    ("C='quoted'", "starts with a quote"), ('D="dq"', "starts with a quote"), ("E=a\\;b", "backslash"),
+    ("F=spaced  ", "blanks at the end"), ("export B=1", "export"), ("G = 1", "no blanks around the name"),
+])
+def test_env_file_lines_docker_and_systemd_read_differently_are_refused(line, why):
+    env, problems = tr.parse_env_file("OK=1\n" + line + "\n", "x.env")
+    assert env == {"OK": "1"} and len(problems) == 1 and why in problems[0] and "x.env line 2" in problems[0]
 
 
 def test_merge_env_order_and_resume():

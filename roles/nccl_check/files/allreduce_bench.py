@@ -26,18 +26,16 @@ _LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 
 
 def load_env_file(path: str) -> dict[str, str]:
-    """KEY=VALUE lines (the format of the rendered nccl.env); comments and blanks skipped."""
+    """KEY=VALUE lines (the format of the rendered nccl.env), the value literally as docker --env-file reads it
+    (";", ",", ":" and inner quotes kept); comments and blanks skipped."""
     env: dict[str, str] = {}
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line or line.startswith("#") or "=" not in line:
+        for line in fh.read().split("\n"):
+            line = line.lstrip(" \t")
+            if not line.strip() or line.startswith("#") or "=" not in line:
                 continue
             key, _, value = line.partition("=")
-            key = key.strip()
-            if key.startswith("export "):
-                key = key[len("export "):].strip()
-            env[key] = value.strip().strip('"').strip("'")
+            env[key] = value
     return env
 
 
