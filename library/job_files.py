@@ -13,7 +13,9 @@ DOCUMENTATION = r"""
 module: job_files
 short_description: Create the job's directories, write its files and point its links, in one call
 description:
-  - Creates each directory (with missing parents) and sets its mode when one is given.
+  - Creates each missing directory (with missing parents) with its mode. An existing directory is never changed
+    (neither mode nor owner): it may be a system or shared directory this module did not create. Only an entry
+    with C(enforce_mode) sets the mode of an existing directory.
   - Writes each file whose content or mode differs, atomically (a temporary file in the same directory, then a
     rename); a file that already holds the content is left alone.
   - Returns, per file, whether it changed, its sha256 and size, and with I(return_content) its bytes (base64, as
@@ -23,9 +25,10 @@ description:
 options:
   directories:
     description:
-      - Directories to create, each C(path) and optional C(mode) (octal string).
-      - Without C(mode) a missing directory is created C(0755) and an existing one keeps its mode (a directory the
-        job shares with others, such as the code directory).
+      - Directories to create, each C(path), optional C(mode) (octal string) and optional C(enforce_mode) (bool).
+      - A missing directory is created with C(mode) (C(0755) without one). An existing one keeps its mode and owner
+        (reported as C(mode_kept) when it differs from C(mode)); C(enforce_mode=true) sets its mode anyway (only for
+        a directory the product owns by name, such as a job's own state directory).
     type: list
     elements: dict
     default: []
@@ -77,7 +80,7 @@ files:
     content: {description: The bytes on disk, base64 (only with return_content)., type: str}
     encoding: {description: C(base64) (only with return_content)., type: str}
 directories:
-  description: One entry per directory, with C(path) and C(changed).
+  description: One entry per directory, with C(path), C(changed), C(created) and C(mode_kept) (the existing mode, octal, when it differs from the requested one and was left alone).
   returned: always
   type: list
   elements: dict
@@ -118,21 +121,25 @@ def read_bytes(path):
         return None
 
 
-def ensure_dir(path, mode, check):
-    """Whether the directory was (or would be) created or its mode set; mode None leaves an existing one's mode."""
-    changed = False
+def ensure_dir(path, mode, check, enforce_mode=False):
+    """(changed, created, mode_kept) for one directory. A missing directory is created with mode (0755 when None).
+    An existing one is never changed (mode or owner): it may be a system or shared directory the job does not own;
+    its mode is reported as mode_kept when it differs. Only enforce_mode sets the mode of an existing directory."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OSError("%s exists and is not a directory" % path)
     if not os.path.isdir(path):
-        if os.path.lexists(path):
-            raise OSError("%s exists and is not a directory" % path)
-        changed = True
         if not check:
             os.makedirs(path, 0o755 if mode is None else mode)
             os.chmod(path, 0o755 if mode is None else mode)
-    elif mode is not None and stat.S_IMODE(os.stat(path).st_mode) != mode:
-        changed = True
+        return True, True, None
+    current = stat.S_IMODE(os.stat(path).st_mode)
+    if mode is None or current == mode:
+        return False, False, None
+    if enforce_mode:
         if not check:
             os.chmod(path, mode)
-    return changed
+        return True, False, None
+    return False, False, "%04o" % current
 
 
 def write_file(path, data, mode, check):
@@ -205,8 +212,11 @@ def main():
             if not path or not os.path.isabs(str(path)):
                 module.fail_json(msg="directories[%d]: path must be an absolute path, got %r" % (i, path), **result)
             mode = parse_mode(d.get("mode"), None, "directories[%d] (%s)" % (i, path))
-            changed = ensure_dir(str(path), mode, check)
-            result["directories"].append(dict(path=str(path), changed=changed))
+            changed, created, kept = ensure_dir(str(path), mode, check, bool(d.get("enforce_mode")))
+            entry = dict(path=str(path), changed=changed, created=created)
+            if kept:
+                entry["mode_kept"] = kept
+            result["directories"].append(entry)
             result["changed"] |= changed
         for i, f in enumerate(module.params["files"]):
             path = f.get("path")

@@ -15,7 +15,10 @@ description:
     command and sidecars.
   - Runtime C(host) runs torchrun on the node; runtime C(docker) runs it inside the long-lived training
     container (which must use C(pid_mode=host)) through C(docker exec -d) and a small launcher written into the
-    state directory. Either way the job's processes are tracked by PID plus start time and a launch token in
+    job's read-only directory C(<state_root>/<job>/job-ro) (the container mounts it read-only; C(job-rw) is the
+    only part it may write: the log and the launcher's pid and exit records, which are read back as untrusted
+    data). C(<state_root>/<job>) itself holds the host-only state (C(launch.json), sidecar records) and is never
+    mounted. Either way the job's processes are tracked by PID plus start time and a launch token in
     their environment, never by name.
   - Idempotent. The same job with the same command already running is left alone (C(changed=false)); another
     job holding the node, or this job running with a different command, makes the task fail and say how to stop
@@ -106,7 +109,7 @@ options:
     description: Working directory of the job (on the node, or inside the container).
     type: path
   log:
-    description: Node-local log of the job. Default C(<state_root>/<job>/torchrun.log). Rotated on each start (.1 .. .5).
+    description: Node-local log of the job. Default C(<state_root>/<job>/job-rw/torchrun.log). Rotated on each start (.1 .. .5).
     type: path
   runtime:
     description: Where torchrun runs.
@@ -129,7 +132,8 @@ options:
     description:
       - Helper processes started on the host (not in the container) with the job, each in its own session,
         recorded in the state file, reported by status and stopped with the job (for example the checkpoint janitor).
-      - Each item is C({name, argv}); output goes to C(<state_root>/<job>/<name>.log).
+      - Each item is C({name, argv}); output goes to C(<state_root>/<job>/<name>.log) (host-only). A sidecar that
+        must not run as root drops its privileges itself (the janitor runs under C(setpriv)).
     type: list
     elements: dict
     default: []
@@ -190,7 +194,8 @@ attributes:
     support: full
     details: A matching running (or finished) job is left alone.
 notes:
-  - With C(runtime=docker) the container must run with C(pid_mode=host) and mount C(state_root) at the same path.
+  - With C(runtime=docker) the container must run with C(pid_mode=host) and mount C(<state_root>/<job>/job-ro)
+    (read-only) and C(<state_root>/<job>/job-rw) at the same paths (role container does).
   - Nothing is found or killed by process name; a decoy process named torchrun is never touched.
 """
 
@@ -206,7 +211,7 @@ EXAMPLES = r"""
     master_port: "{{ cluster_model.master_port }}"
     entrypoint: /srv/code/ddp_train.py
     args: [--steps, "100", --output-root, /srv/outputs]
-    env_files: [/var/lib/trainyard/train/nccl.env]
+    env_files: [/var/lib/trainyard/train/job-ro/nccl.env]
     runtime: docker
     container: trainyard-train
     resume_from: auto
@@ -319,22 +324,13 @@ PID_FILE_WAIT = 20.0
 
 
 def read_text(path, limit=2 * 1024 * 1024):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", "replace")
-    except (IOError, OSError):
-        return ""
+    """The last ``limit`` bytes of a log the job writes (untrusted: no symlink followed, regular files only)."""
+    return tr.read_untrusted(path, limit, tail=True).decode("utf-8", "replace")
 
 
 def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (IOError, OSError, ValueError):
-        return None
+    """A record the job's launcher wrote (untrusted: size-capped, no symlink followed, a JSON object or None)."""
+    return tr.read_untrusted_json(path)
 
 
 class Launch(object):
@@ -347,9 +343,11 @@ class Launch(object):
         except tr.LaunchError as e:
             module.fail_json(msg=str(e))
         self.root = p["state_root"]
-        self.dir = os.path.join(self.root, self.job)
+        lay = tr.job_layout(self.root, self.job)
+        # Host-only control state (never mounted into the container); the job's read-only and writable parts.
+        self.dir, self.ro_dir, self.rw_dir = lay["dir"], lay["ro"], lay["rw"]
         self.state_path = os.path.join(self.dir, tr.STATE_FILE)
-        self.log = p["log"] or os.path.join(self.dir, "torchrun.log")
+        self.log = p["log"] or os.path.join(self.rw_dir, "torchrun.log")
         self.result = {"changed": False, "log": self.log, "job": self.job}
 
     # ------------------------------------------------------------------ helpers
@@ -388,7 +386,7 @@ class Launch(object):
     def describe(self, state, extra=None):
         procs = self.job_procs(state)
         alive = bool(procs)
-        exit_info = read_json(state.get("exit_file") or os.path.join(self.dir, tr.EXIT_FILE))
+        exit_info = read_json(state.get("exit_file") or os.path.join(self.rw_dir, tr.EXIT_FILE))
         if exit_info is not None and exit_info.get("token") != state.get("token"):
             exit_info = None
         text = read_text(state.get("log") or self.log)
@@ -547,10 +545,19 @@ class Launch(object):
         return read_json(path)
 
     def spawn(self, name, argv, env, env_files, log, runtime, chdir, resume, token, prefix):
-        """Write the spec and start the launcher; returns its pid file contents."""
-        spec_path = os.path.join(self.dir, prefix + tr.SPEC_FILE)
-        pid_path = os.path.join(self.dir, prefix + tr.PID_FILE)
-        exit_path = os.path.join(self.dir, prefix + tr.EXIT_FILE)
+        """Write the spec and start the launcher; returns its pid record, checked against /proc.
+
+        The torchrun launcher (docker runtime) runs in the container: its spec sits in the read-only directory,
+        its pid and exit records in the job-writable one, and the pid record is only believed once the host sees
+        that PID alive, started at the recorded time and carrying this launch's token, which the host put into
+        the launcher's own environment (docker exec -e / the host's spawn). Host sidecars keep all three files
+        in the host-only directory."""
+        in_container = runtime == "docker"
+        spec_dir = self.ro_dir if in_container else self.dir
+        rec_dir = self.rw_dir if in_container else self.dir
+        spec_path = os.path.join(spec_dir, prefix + tr.SPEC_FILE)
+        pid_path = os.path.join(rec_dir, prefix + tr.PID_FILE)
+        exit_path = os.path.join(rec_dir, prefix + tr.EXIT_FILE)
         for path in (pid_path, exit_path):
             try:
                 os.unlink(path)
@@ -559,10 +566,10 @@ class Launch(object):
         spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
                 "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
         tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
-        launcher = os.path.join(self.dir, tr.LAUNCHER_FILE)
-        if runtime == "docker":
-            cmd = [self.p["docker"], "exec", "-d", self.p["container"], self.p["container_python"], launcher,
-                   spec_path]
+        launcher = os.path.join(self.ro_dir, tr.LAUNCHER_FILE)
+        if in_container:
+            cmd = [self.p["docker"], "exec", "-d", "-e", "%s=%s" % (tr.TOKEN_ENV, token), self.p["container"],
+                   self.p["container_python"], launcher, spec_path]
             rc, out, err = self.m.run_command(cmd)
             if rc != 0:
                 self.m.fail_json(msg="docker exec into %s failed (rc %d): %s. Is the training container running "
@@ -570,13 +577,21 @@ class Launch(object):
                                  cmd=cmd, **self.result)
             gone = (lambda: False)
         else:
-            pid, ticks = pg.start_detached([sys.executable, launcher, spec_path], log_path=log)
+            penv = dict(os.environ)
+            penv[tr.TOKEN_ENV] = token
+            pid, ticks = pg.start_detached([sys.executable, launcher, spec_path], log_path=log, env=penv)
             gone = (lambda: not pg.is_alive(pid, ticks))
         data = self.wait_pid_file(pid_path, gone)
         if not data:
             self.m.fail_json(msg="%s did not start: no %s after %.0f s" % (name, pid_path, PID_FILE_WAIT),
                              log_tail=tr.log_tail(read_text(log), self.p["log_lines"]), **self.result)
-        return data, exit_path
+        try:
+            checked = tr.check_pid_record(data, token, pg.read_stat, pg.read_environ)
+        except ValueError as e:
+            self.m.fail_json(msg="%s: the pid record %s does not match the launcher the host started (%s); nothing "
+                                 "was recorded. Something in the job wrote it: check the training image, then "
+                                 "ansible-playbook reset.yml" % (name, pid_path, e), **self.result)
+        return checked, exit_path
 
     def start(self):
         p = self.p
@@ -651,18 +666,24 @@ class Launch(object):
         if state is not None and self.all_procs(state):
             pg.terminate(lambda: self.all_procs(state), grace=float(p["stop_timeout"]))
 
-        try:
-            os.makedirs(self.dir, 0o755)
-        except OSError:
-            if not os.path.isdir(self.dir):
-                self.m.fail_json(msg="cannot create %s" % self.dir, **self.result)
+        for d in (self.dir, self.ro_dir, self.rw_dir):
+            try:
+                os.makedirs(d, 0o755)
+            except OSError:
+                if not os.path.isdir(d) or os.path.islink(d):
+                    self.m.fail_json(msg="cannot create the directory %s" % d, **self.result)
         log_dir = os.path.dirname(self.log)
         if log_dir and not os.path.isdir(log_dir):
             os.makedirs(log_dir, 0o755)
         for src, dst in tr.rotated_names(self.log):
-            if os.path.exists(src):
-                os.rename(src, dst)
-        tr.write_atomic(os.path.join(self.dir, tr.LAUNCHER_FILE), tr.LAUNCHER_SOURCE, 0o755)
+            try:
+                os.rename(src, dst)  # renames the entry itself: a planted symlink moves, nothing is followed
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.m.fail_json(msg="cannot rotate the log %s to %s: %s; remove what is in the way"
+                                     % (src, dst, e.strerror), **self.result)
+        tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), tr.LAUNCHER_SOURCE, 0o755)
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")

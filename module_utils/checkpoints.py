@@ -103,6 +103,7 @@ class Checkpoint:
     step: int
     complete: bool = False
     marker: bool = False
+    rel: str = ""      # path relative to the root (what every file operation uses, from the root's descriptor)
 
 
 @dataclass
@@ -123,6 +124,15 @@ class Plan:
     checkpoints: int = 0
     scanned_files: int = 0
     scan_seconds: float = 0.0
+    root_fd: int | None = None                        # the root, opened once by plan(), held until execute/close
+
+    def close(self) -> None:
+        if self.root_fd is not None:
+            os.close(self.root_fd)
+            self.root_fd = None
+
+    def __del__(self):
+        self.close()
 
     @property
     def total_bytes(self) -> int:
@@ -135,52 +145,217 @@ class Plan:
                 "total_bytes": self.total_bytes}
 
 
-def _is_regular(path: str) -> bool:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+# A trainer state is bounded (a torn or hostile file must not exhaust the node), but far beyond any real run:
+# HF Trainer logs about 250 bytes per logged step, so 2 GiB is some eight million logged steps.
+TRAINER_STATE_MAX_BYTES = 2 * 1024 * 1024 * 1024
+TRAINER_STATE_KEYS = ("global_step", "best_model_checkpoint")
+# One token of a skipped value: a whole string, a bracket, or a lone quote (a string cut off: the file is torn).
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.S)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_JSON_SCALAR = re.compile(rb'(?:-?[0-9][0-9.eE+-]*|true|false|null)')
+_JSON_WS = re.compile(rb"[ \t\r\n]*")
+_CLOSE = {ord("["): ord("]"), ord("{"): ord("}")}
+
+
+def _skip_value(buf, i: int) -> int:
+    """Index just after the JSON value starting at buf[i]; ValueError when it is cut off or malformed."""
+    c = buf[i:i + 1]
+    if c == b'"':
+        m = _JSON_STRING.match(buf, i)
+        if not m:
+            raise ValueError("unterminated string at byte %d" % i)
+        return m.end()
+    if c in (b"[", b"{"):
+        want = [_CLOSE[c[0]]]
+        for m in _JSON_TOKEN.finditer(buf, i + 1):
+            t = m.group()
+            if len(t) > 1:
+                continue  # a whole string
+            b = t[0]
+            if b in _CLOSE:
+                want.append(_CLOSE[b])
+            elif b == ord('"'):
+                raise ValueError("unterminated string at byte %d" % m.start())
+            elif b != want.pop():
+                raise ValueError("mismatched %r at byte %d" % (t.decode(), m.start()))
+            if not want:
+                return m.end()
+        raise ValueError("cut off: %d bracket(s) still open at the end" % len(want))
+    m = _JSON_SCALAR.match(buf, i)
+    if not m:
+        raise ValueError("no JSON value at byte %d" % i)
+    return m.end()
+
+
+def parse_trainer_state(buf, keys=TRAINER_STATE_KEYS) -> dict:
+    """The top-level ``keys`` of a trainer state (bytes-like: bytes or an mmap), checking the whole document is
+    one complete JSON object without building it: the log history (the bulk of a long run) is skipped token by
+    token, so memory stays small whatever the run's length. Absent keys are None; ValueError when torn."""
+    n = len(buf)
+    i = _JSON_WS.match(buf, 0).end()
+    if buf[i:i + 1] != b"{":
+        raise ValueError("not a JSON object")
+    out = dict.fromkeys(keys)
+    i = _JSON_WS.match(buf, i + 1).end()
+    if buf[i:i + 1] == b"}":
+        i += 1
+    else:
+        while True:
+            m = _JSON_STRING.match(buf, i)
+            if not m:
+                raise ValueError("no key at byte %d" % i)
+            key = json.loads(m.group())
+            i = _JSON_WS.match(buf, m.end()).end()
+            if buf[i:i + 1] != b":":
+                raise ValueError("no ':' after key %r" % key)
+            i = _JSON_WS.match(buf, i + 1).end()
+            end = _skip_value(buf, i)
+            if key in out:
+                out[key] = json.loads(bytes(buf[i:end]))
+            i = _JSON_WS.match(buf, end).end()
+            sep = buf[i:i + 1]
+            i = _JSON_WS.match(buf, i + 1).end()
+            if sep == b"}":
+                break
+            if sep != b"," or buf[i:i + 1] == b"}":
+                raise ValueError("cut off or malformed after key %r" % key)
+    if _JSON_WS.match(buf, i).end() != n:
+        raise ValueError("data after the object")
+    return out
+
+
+def _read_trainer_state_fd(fd: int, keys=TRAINER_STATE_KEYS) -> dict:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > TRAINER_STATE_MAX_BYTES:
+        raise ValueError("%d bytes, over the %d bytes a trainer state may have" % (st.st_size,
+                                                                                   TRAINER_STATE_MAX_BYTES))
+    if st.st_size == 0:
+        raise ValueError("empty")
+    import mmap
+    with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as buf:
+        return parse_trainer_state(buf, keys)
+
+
+def _open_file_at(dir_fd: int, name: str) -> int:
+    return os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+
+
+def read_trainer_state(path: str, keys=TRAINER_STATE_KEYS) -> dict:
+    """``{key: value}`` of a trainer_state.json of any realistic size (see parse_trainer_state); never through a
+    symlink. ValueError when the file is torn, not an object or too large; OSError when it cannot be opened."""
+    fd = os.open(path, _FILE_FLAGS)
     try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
+        return _read_trainer_state_fd(fd, keys)
+    finally:
+        os.close(fd)
+
+
+def _has_marker_at(dir_fd: int, markers=DEFAULT_MARKERS) -> bool:
+    for m in markers:
+        try:
+            fd = _open_file_at(dir_fd, m)
+        except OSError:
+            return False
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            if m.endswith(".json"):
+                _read_trainer_state_fd(fd, ())
+        except (OSError, ValueError):
+            return False
+        finally:
+            os.close(fd)
+    return True
 
 
 def has_marker(ckpt_dir: str, markers=DEFAULT_MARKERS) -> bool:
-    """True when every marker is a regular file in ckpt_dir; a ``.json`` marker must also parse."""
-    for m in markers:
-        p = os.path.join(ckpt_dir, m)
-        if not _is_regular(p):
-            return False
-        if m.endswith(".json"):
-            try:
-                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as f:
-                    json.loads(f.read(4 * 1024 * 1024) or b"!")
-            except (OSError, ValueError):
-                return False
-    return True
+    """True when every marker is a regular file in ckpt_dir; a ``.json`` marker must also be one whole JSON
+    object (a torn write is not a marker), of any realistic size."""
+    try:
+        fd = os.open(ckpt_dir, _DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        return _has_marker_at(fd, markers)
+    finally:
+        os.close(fd)
+
+
+def _open_rel(root_fd: int, rel: str) -> int:
+    """A new descriptor of directory rel under root_fd, opened component by component, refusing any symlink."""
+    fd = os.dup(root_fd)
+    try:
+        for comp in [c for c in rel.split(os.sep) if c]:
+            nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _scandir_rel(root_fd: int, rel: str, want_stat: bool = False):
+    """[(name, is_dir, lstat of a regular file or None)] of directory rel under root_fd (no symlink followed;
+    the lstat only with want_stat); [] when it is gone."""
+    try:
+        fd = _open_rel(root_fd, rel)
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as it:
+            out = []
+            for e in it:
+                try:
+                    is_dir = e.is_dir(follow_symlinks=False)
+                    st = e.stat(follow_symlinks=False) if want_stat and e.is_file(follow_symlinks=False) else None
+                except OSError:
+                    continue
+                out.append((e.name, is_dir, st))
+            return out
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
+def _find_checkpoints_fd(root_fd: int, rroot: str, max_depth: int) -> list[Checkpoint]:
+    found: list[Checkpoint] = []
+    stack = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        for name, is_dir, _ in _scandir_rel(root_fd, rel):
+            if not is_dir:
+                continue
+            sub = os.path.join(rel, name) if rel else name
+            m = CHECKPOINT_RE.match(name)
+            if m:
+                found.append(Checkpoint(path=os.path.join(rroot, sub), parent=os.path.join(rroot, rel) if rel
+                                        else rroot, name=name, step=int(m.group(1)), rel=sub))
+            elif depth + 1 < max_depth:
+                stack.append((sub, depth + 1))
+    return found
+
+
+def _open_root(rroot: str) -> int:
+    return os.open(rroot, _DIR_FLAGS)
 
 
 def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
     """Every ``checkpoint-N`` directory under root (real directories only, no symlink followed)."""
-    found: list[Checkpoint] = []
-    stack = [(root, 0)]
-    while stack:
-        d, depth = stack.pop()
-        try:
-            it = os.scandir(d)
-        except OSError:
-            continue
-        with it:
-            for e in it:
-                try:
-                    if not e.is_dir(follow_symlinks=False):
-                        continue
-                except OSError:
-                    continue
-                m = CHECKPOINT_RE.match(e.name)
-                if m:
-                    found.append(Checkpoint(path=e.path, parent=d, name=e.name, step=int(m.group(1))))
-                elif depth + 1 < max_depth:
-                    stack.append((e.path, depth + 1))
-    return found
+    try:
+        fd = _open_root(_resolve_root(root))
+    except OSError:
+        return []
+    try:
+        return _find_checkpoints_fd(fd, _resolve_root(root), max_depth)
+    finally:
+        os.close(fd)
 
 
 def _groups(ckpts: list[Checkpoint]) -> dict[str, list[Checkpoint]]:
@@ -201,22 +376,69 @@ def latest_complete_checkpoint(root: str, markers=DEFAULT_MARKERS, max_depth: in
 
     Only direct children of root by default (HF Trainer's output_dir); a partially written newer checkpoint
     (crash during save) is skipped. Uses the marker alone: call it where rank 0 saves (the head node).
+    Walks from one descriptor of the root, never through a symlink the job planted.
     """
-    if not os.path.isdir(root):
-        return None
     rroot = _resolve_root(root)
-    ckpts = [c for c in find_checkpoints(rroot, max_depth=max_depth)]
-    best = None
-    for c in ckpts:
-        if has_marker(c.path, markers) and (best is None or (c.step, c.name) > (best.step, best.name)):
-            best = c
+    try:
+        root_fd = _open_root(rroot)
+    except OSError:
+        return None
+    try:
+        best = None
+        for c in _find_checkpoints_fd(root_fd, rroot, max_depth):
+            if best is not None and (c.step, c.name) <= (best.step, best.name):
+                continue
+            try:
+                fd = _open_rel(root_fd, c.rel)
+            except OSError:
+                continue
+            try:
+                if _has_marker_at(fd, markers):
+                    best = c
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
     if best is None:
         return None
     # Report it under the path the caller gave (the container mounts the root at the same path).
-    return os.path.join(root.rstrip("/") or "/", os.path.relpath(best.path, rroot))
+    return os.path.join(root.rstrip("/") or "/", best.rel)
 
 
 DEEPSPEED_TAG_RE = re.compile(r"global_step\d+")
+
+
+def write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644, owner_of_dir: bool = True) -> None:
+    """Atomically put ``name`` in the directory dir_fd holds: a fresh temporary file (O_CREAT|O_EXCL|O_NOFOLLOW,
+    so a planted file or symlink is never written through), then renameat over ``name`` (a symlink there is
+    replaced, not followed). With owner_of_dir the file gets the directory's owner, so the job can rewrite it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = ".%s.trainyard-%s" % (name, os.urandom(6).hex())
+        try:
+            fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name", name)
+    try:
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, mode)
+            if owner_of_dir and os.geteuid() == 0:
+                d = os.fstat(dir_fd)
+                os.fchown(fd, d.st_uid, d.st_gid)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def ensure_deepspeed_latest(checkpoint: str) -> str | None:
@@ -226,32 +448,44 @@ def ensure_deepspeed_latest(checkpoint: str) -> str | None:
     so on every other node of a cluster with node-local output roots the checkpoint has its shards but no tag, and
     the HF Trainer refuses to resume ("[deepspeed] failed to resume from checkpoint"). With exactly one
     ``global_step*`` directory the tag is certain and is written; with none or several nothing is guessed.
-    Returns the tag written, or None. Never follows a symlinked ``latest``.
+    Returns the tag written, or None. The checkpoint is a job-writable directory and this runs as root: it is
+    opened once without following a symlink, and the tag is written relative to that descriptor
+    (write_file_at), so nothing the job plants redirects the write.
     """
-    latest = os.path.join(checkpoint, "latest")
-    if os.path.lexists(latest) or not os.path.isdir(checkpoint):
-        return None
     try:
-        tags = [e.name for e in os.scandir(checkpoint)
-                if DEEPSPEED_TAG_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        dfd = os.open(checkpoint, _DIR_FLAGS)
     except OSError:
         return None
-    if len(tags) != 1:
-        return None
-    tmp = latest + ".trainyard-tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(tags[0])
-    os.replace(tmp, latest)
-    return tags[0]
-
-
-def _best_model_name(ckpt_dir: str) -> str | None:
     try:
-        fd = os.open(os.path.join(ckpt_dir, "trainer_state.json"), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            best = json.loads(f.read(4 * 1024 * 1024)).get("best_model_checkpoint")
-    except (OSError, ValueError, AttributeError):
+        try:
+            os.stat("latest", dir_fd=dfd, follow_symlinks=False)
+            return None
+        except FileNotFoundError:
+            pass
+        try:
+            with os.scandir(dfd) as it:
+                tags = [e.name for e in it if DEEPSPEED_TAG_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return None
+        if len(tags) != 1:
+            return None
+        write_file_at(dfd, "latest", tags[0].encode())
+        return tags[0]
+    finally:
+        os.close(dfd)
+
+
+def _best_model_name_at(dir_fd: int) -> str | None:
+    try:
+        fd = _open_file_at(dir_fd, "trainer_state.json")
+    except OSError:
         return None
+    try:
+        best = _read_trainer_state_fd(fd, ("best_model_checkpoint",))["best_model_checkpoint"]
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
     return os.path.basename(str(best).rstrip("/")) if best else None
 
 
@@ -275,55 +509,43 @@ def _matches(name: str, rel: str, patterns) -> bool:
     return bool(rx.match(name) or (rel != name and rx.match(rel)))
 
 
-def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan) -> None:
-    """Add the deletable files of one complete checkpoint to the plan (lstat only, no symlink followed)."""
+def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan, root_fd: int) -> None:
+    """Add the deletable files of one complete checkpoint to the plan (walked from the root's descriptor,
+    lstat only, no symlink followed)."""
     prot = _compile(PROTECTED_PATTERNS + tuple(keep))
     dele = _compile(DELETE_PATTERNS)
     has_global_step = False
-    # (directory path, path relative to the checkpoint, inside a global_step* directory)
-    stack = [(ckpt.path, "", False)]
+    # (directory path relative to the root, path relative to the checkpoint, inside a global_step* directory)
+    stack = [(ckpt.rel, "", False)]
     gs_dirs: list[str] = []
     while stack:
         d, rel_d, in_gs = stack.pop()
-        try:
-            it = os.scandir(d)
-        except OSError:
-            continue
-        with it:
-            for e in it:
-                name = e.name
-                rel = f"{rel_d}{name}"
-                plan.scanned_files += 1
-                try:
-                    # d_type from the directory entry: no syscall, and never through a symlink.
-                    if e.is_dir(follow_symlinks=False):
-                        gs = in_gs or bool(GLOBAL_STEP_RE.match(name))
-                        if gs:
-                            has_global_step = True
-                            gs_dirs.append(e.path)
-                        stack.append((e.path, rel + "/", gs))
-                        continue
-                    if not e.is_file(follow_symlinks=False):
-                        continue  # symlinks, sockets, fifos: never touched
-                except OSError:
-                    continue
-                if prot.match(name) or (rel_d and prot.match(rel)):
-                    continue
-                if in_gs:
-                    reason = "deepspeed global_step"
-                elif not rel_d and name in DEEPSPEED_SIDE_FILES:
-                    reason = "deepspeed tag/helper"
-                elif dele.match(name) or (rel_d and dele.match(rel)):
-                    reason = "optimizer/zero/full-model state"
-                else:
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if not stat.S_ISREG(st.st_mode) or st.st_size < min_size:
-                    continue
-                plan.deletions.append(Deletion(path=e.path, size=st.st_size, checkpoint=ckpt.path, reason=reason))
+        for name, is_dir, st in _scandir_rel(root_fd, d, want_stat=True):
+            rel = f"{rel_d}{name}"
+            plan.scanned_files += 1
+            path = os.path.join(plan.root, d, name)
+            if is_dir:
+                gs = in_gs or bool(GLOBAL_STEP_RE.match(name))
+                if gs:
+                    has_global_step = True
+                    gs_dirs.append(path)
+                stack.append((os.path.join(d, name), rel + "/", gs))
+                continue
+            if st is None:
+                continue  # symlinks, sockets, fifos: never touched
+            if prot.match(name) or (rel_d and prot.match(rel)):
+                continue
+            if in_gs:
+                reason = "deepspeed global_step"
+            elif not rel_d and name in DEEPSPEED_SIDE_FILES:
+                reason = "deepspeed tag/helper"
+            elif dele.match(name) or (rel_d and dele.match(rel)):
+                reason = "optimizer/zero/full-model state"
+            else:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size < min_size:
+                continue
+            plan.deletions.append(Deletion(path=path, size=st.st_size, checkpoint=ckpt.path, reason=reason))
     if not has_global_step:
         # latest / zero_to_fp32.py only go together with the state they describe.
         plan.deletions[:] = [x for x in plan.deletions
@@ -333,20 +555,37 @@ def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan) -
 
 def plan(root: str, keep=(), min_size: int = 0, keep_full_latest: bool = True, markers=DEFAULT_MARKERS,
          completion: str = "marker", max_depth: int = 4) -> Plan:
-    """What the janitor would delete under root now (see the module docstring for the rules)."""
+    """What the janitor would delete under root now (see the module docstring for the rules).
+
+    The root is opened once, here, and the plan holds that descriptor until execute (or close): planning and
+    deleting walk from it with no-follow opens, so a root or any directory below it swapped for a symlink
+    between the two never redirects a deletion."""
     if completion not in COMPLETION_MODES:
         raise ValueError(f"completion must be one of {COMPLETION_MODES}, not {completion!r}")
     t0 = time.monotonic()
     rroot = _resolve_root(root)
     p = Plan(root=rroot)
-    if not os.path.isdir(rroot):
+    try:
+        p.root_fd = _open_root(rroot)
+    except OSError:
         p.scan_seconds = time.monotonic() - t0
         return p
-    ckpts = find_checkpoints(rroot, max_depth=max_depth)
+    ckpts = _find_checkpoints_fd(p.root_fd, rroot, max_depth)
     p.checkpoints = len(ckpts)
+
+    def at(c, fn):
+        try:
+            fd = _open_rel(p.root_fd, c.rel)
+        except OSError:
+            return None
+        try:
+            return fn(fd)
+        finally:
+            os.close(fd)
+
     for parent, group in _groups(ckpts).items():
         for c in group:
-            c.marker = has_marker(c.path, markers)
+            c.marker = bool(at(c, lambda fd: _has_marker_at(fd, markers)))
         newest_step = group[-1].step
         for i, c in enumerate(group):
             superseded = completion == "marker_or_superseded" and c.step < newest_step
@@ -360,7 +599,7 @@ def plan(root: str, keep=(), min_size: int = 0, keep_full_latest: bool = True, m
                 # The resume point (latest_complete_checkpoint) is the latest with a marker, even where a
                 # newer one only counts as complete because it was superseded.
                 keep_full.setdefault(marked[-1].path, "latest with marker (resume)")
-                best = _best_model_name(marked[-1].path)
+                best = at(marked[-1], _best_model_name_at)
                 for c in group:
                     if best and c.name == best and c.path not in keep_full:
                         keep_full[c.path] = "best_model_checkpoint"
@@ -373,7 +612,7 @@ def plan(root: str, keep=(), min_size: int = 0, keep_full_latest: bool = True, m
             elif c.path in keep_full:
                 p.kept_full.append({"path": c.path, "why": keep_full[c.path]})
             else:
-                _scan_checkpoint(c, tuple(keep), int(min_size), p)
+                _scan_checkpoint(c, tuple(keep), int(min_size), p, p.root_fd)
     p.scan_seconds = time.monotonic() - t0
     return p
 
@@ -389,27 +628,21 @@ def _within(root: str, path: str) -> str:
 
 def _open_parent(root_fd: int, rel: str) -> tuple[int, str]:
     """Open the directory holding rel under root_fd, component by component, refusing any symlink."""
-    parts = rel.split(os.sep)
-    fd = os.dup(root_fd)
-    try:
-        for comp in parts[:-1]:
-            nfd = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
+    head, name = os.path.split(rel)
+    return _open_rel(root_fd, head), name
 
 
 def execute(p: Plan, log=None) -> dict:
-    """Delete what the plan lists; returns {freed, deleted, errors, dirs_removed}. Logs each deletion."""
+    """Delete what the plan lists, relative to the root descriptor the plan holds (never the root re-opened by
+    path); returns {freed, deleted, errors, dirs_removed}. Logs each deletion. Closes the plan."""
     result = {"freed": 0, "deleted": 0, "dirs_removed": 0, "errors": []}
-    try:
-        root_fd = os.open(p.root, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as e:
-        result["errors"].append(f"{p.root}: {e.strerror}")
-        return result
+    if p.root_fd is None:  # a plan built by hand, not by plan(): open its root now (no planning to race)
+        try:
+            p.root_fd = _open_root(p.root)
+        except OSError as e:
+            result["errors"].append(f"{p.root}: {e.strerror}")
+            return result
+    root_fd = p.root_fd
     try:
         for d in p.deletions:
             try:
@@ -444,7 +677,7 @@ def execute(p: Plan, log=None) -> dict:
             except (OSError, ValueError):
                 continue  # not empty (kept files, symlinks) or gone: fine
     finally:
-        os.close(root_fd)
+        p.close()
     return result
 
 
@@ -461,7 +694,15 @@ def _human(n: int) -> str:
 
 class _Logger:
     def __init__(self, path: str | None):
-        self.f = open(path, "a", encoding="utf-8", buffering=1) if path else None  # noqa: SIM115
+        self.f = None
+        if path:
+            # Never through a symlink, and only into a regular file: the log is opened once, no-follow.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+                         | getattr(os, "O_NONBLOCK", 0), 0o640)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            self.f = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 
     def __call__(self, msg: str) -> None:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {msg}"
@@ -488,6 +729,7 @@ def run_pass(args, log: _Logger) -> dict:
     p = plan(args.root, keep=args.keep, min_size=args.min_size, keep_full_latest=args.keep_full_latest,
              markers=tuple(args.marker or DEFAULT_MARKERS), completion=args.completion, max_depth=args.max_depth)
     if args.dry_run:
+        p.close()
         if args.json:
             print(json.dumps(dict(p.as_dict(), dry_run=True)), flush=True)
         else:
@@ -502,6 +744,7 @@ def run_pass(args, log: _Logger) -> dict:
                   flush=True)
         return {"freed": 0, "deleted": 0, "would_free": p.total_bytes, "would_delete": len(p.deletions)}
     if not log.try_lock():
+        p.close()
         log("another janitor pass holds the log lock; skipping this pass")
         return {"freed": 0, "deleted": 0, "skipped": True}
     try:
@@ -518,9 +761,39 @@ def run_pass(args, log: _Logger) -> dict:
     return r
 
 
+# What the config file (--config, written by the janitor role) may hold, and its type.
+CONFIG_KEYS = {"root": str, "log": str, "interval": (int, float), "keep": list, "min_size": int,
+               "keep_full_latest": bool, "marker": list, "completion": str, "max_depth": int}
+
+
+def load_config(path: str) -> dict:
+    """The janitor's settings from a JSON file: paths travel as data, never through a shell or a unit file's
+    command line. ValueError with a one-line reason naming the key."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(1024 * 1024).decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read the janitor config ({getattr(e, 'strerror', None) or e})")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    for key, value in data.items():
+        want = CONFIG_KEYS.get(key)
+        if want is None:
+            raise ValueError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(CONFIG_KEYS))})")
+        if value is None:
+            continue
+        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+            raise ValueError(f"{path}: {key} must be {getattr(want, '__name__', 'a number')}, not {value!r}")
+        if want is list and not all(isinstance(x, str) for x in value):
+            raise ValueError(f"{path}: {key} must be a list of strings")
+    return {k: v for k, v in data.items() if v is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="checkpoints.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", required=True, help="output root; nothing outside it is touched")
+    ap.add_argument("--config", help="JSON file with any of the settings below (root, log, keep, min_size, ...)")
+    ap.add_argument("--root", help="output root; nothing outside it is touched")
     ap.add_argument("--dry-run", action="store_true", help="list what would be deleted, with sizes")
     ap.add_argument("--loop", action="store_true", help="run a pass every --interval seconds until stopped")
     ap.add_argument("--interval", type=float, default=60.0)
@@ -540,11 +813,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.min_size < 0 or args.interval <= 0:
-        print("checkpoints.py: --min-size must be >= 0 and --interval > 0", file=sys.stderr)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except ValueError as e:
+            print(f"checkpoints.py: {e}", file=sys.stderr)
+            return 2
+        # The file gives the defaults; options on the command line (--dry-run, --json) still apply.
+        ap.set_defaults(**cfg)
+        args = ap.parse_args(argv)
+    if not args.root:
+        print("checkpoints.py: give --root or a --config file with root", file=sys.stderr)
         return 2
-    log = _Logger(None if args.dry_run else args.log)
+    if args.completion not in COMPLETION_MODES:
+        print(f"checkpoints.py: completion must be one of {', '.join(COMPLETION_MODES)}", file=sys.stderr)
+        return 2
+    if args.min_size < 0 or args.interval <= 0 or args.max_depth < 1:
+        print("checkpoints.py: min_size must be >= 0, interval > 0 and max_depth >= 1", file=sys.stderr)
+        return 2
+    try:
+        log = _Logger(None if args.dry_run else args.log)
+    except OSError as e:
+        print(f"checkpoints.py: cannot open the log {args.log}: {e.strerror} (a symlink or not a regular file is "
+              "refused; remove it)", file=sys.stderr)
+        return 2
     if not args.loop:
         r = run_pass(args, log)
         return 1 if r.get("errors") else 0

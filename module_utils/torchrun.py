@@ -22,13 +22,24 @@ import json
 import os
 import re
 import shlex
+import stat as _stat
 import time
+
+stat_is_regular = _stat.S_ISREG
 
 STATE_FILE = "launch.json"
 PID_FILE = "launch.pid.json"
 EXIT_FILE = "launch.exit.json"
 SPEC_FILE = "launch.spec.json"
 LAUNCHER_FILE = "launcher.py"
+# Node-local layout of a job (docs/architecture.md, docs/security.md): <state_root>/<job>/ is host-only control
+# state and is never mounted into the training container; the container mounts JOB_RO_DIR read-only (what the
+# job reads: nccl.env, ds_config.json, the launcher and its spec) and JOB_RW_DIR read-write (what the job writes
+# that the host reads back: the log, the launcher's pid and exit records), which the host treats as untrusted.
+JOB_RO_DIR = "job-ro"
+JOB_RW_DIR = "job-rw"
+# Records read back from the job-writable directory are small; anything larger is not ours.
+RECORD_MAX_BYTES = 64 * 1024
 STATE_VERSION = 1
 RESUME_ENV = "TRAINYARD_RESUME_FROM"
 TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
@@ -184,6 +195,41 @@ def job_dir(state_root, job):
     return os.path.join(state_root, validate_job_name(job))
 
 
+def job_layout(state_root, job):
+    """{dir, ro, rw}: the host-only state directory of a job, and its read-only and job-writable parts."""
+    d = job_dir(state_root, job)
+    return {"dir": d, "ro": os.path.join(d, JOB_RO_DIR), "rw": os.path.join(d, JOB_RW_DIR)}
+
+
+def check_pid_record(data, token, stat_of, environ_of):
+    """The launcher's pid record, as read back from a place the job can write, checked against what the host
+    sees in /proc before anything is recorded (and later signalled) by it: the launcher's PID must be alive,
+    started at the recorded time, and carry this launch's token in its own environment (a process the job
+    cannot forge: the host gave it the token when it started it). ``stat_of(pid)`` returns an object with
+    ``start_ticks`` and ``pgrp`` (or None); ``environ_of(pid)`` a dict (or None).
+    Returns {pid, pgid, start_ticks, child_pid, child_start_ticks}; ValueError says what does not match."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    pid, ticks = data.get("pid"), data.get("start_ticks")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or not isinstance(ticks, int):
+        raise ValueError("pid/start_ticks missing or not integers")
+    if data.get("token") != token:
+        raise ValueError("written for another launch (token differs)")
+    st = stat_of(pid)
+    if st is None or st.start_ticks != ticks:
+        raise ValueError("pid %d is not a live process started at %d" % (pid, ticks))
+    env = environ_of(pid) or {}
+    if env.get(TOKEN_ENV) != token:
+        raise ValueError("pid %d does not carry this launch's token: not the launcher the host started" % pid)
+    out = {"pid": pid, "pgid": st.pgrp, "start_ticks": ticks, "child_pid": None, "child_start_ticks": None}
+    child, cticks = data.get("child_pid"), data.get("child_start_ticks")
+    if isinstance(child, int) and not isinstance(child, bool) and isinstance(cticks, int) and child > 1:
+        cst = stat_of(child)
+        if cst is not None and cst.start_ticks == cticks and (environ_of(child) or {}).get(TOKEN_ENV) == token:
+            out.update(child_pid=child, child_start_ticks=cticks)
+    return out
+
+
 def make_state(job, runtime, container, pid, pgid, start_ticks, started_at, command, env_files, log, node_rank,
                master_port, resume_from, sidecars, token, fingerprint_, exit_file, torchrun_pid=None):
     return {"version": STATE_VERSION, "job": job, "runtime": runtime, "container": container or "",
@@ -220,13 +266,62 @@ def dumps_state(state):
 
 
 def write_atomic(path, text, mode=0o644):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
+    """Replace path with text: a fresh temporary file beside it (created exclusively, never through a symlink),
+    then a rename (which replaces a symlink at path rather than following it)."""
+    tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_untrusted(path, limit=RECORD_MAX_BYTES, tail=False):
+    """Bytes of a file the job can write: never through a symlink, only a regular file, at most ``limit`` bytes
+    (the last ones with tail). b"" when absent or refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat_is_regular(st.st_mode):
+            return b""
+        if tail and st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def read_untrusted_json(path, limit=RECORD_MAX_BYTES):
+    """A small JSON object from the job-writable directory; None when absent, too large, torn or not an object."""
+    data = read_untrusted(path, limit + 1)
+    if not data or len(data) > limit:
+        return None
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def rotated_names(log, keep=LOG_KEEP):
@@ -484,8 +579,8 @@ def job_status(alive, exit_info, failure):
 
 # ---------------------------------------------------------------------------------------------- launcher
 
-# Written next to the job (<state_root>/<job>/launcher.py) and run with the job's python (host or inside the
-# training container, which mounts the state directory at the same path). It becomes a session leader, writes
+# Written into the job's read-only directory (<state_root>/<job>/job-ro/launcher.py) and run with the job's python
+# (host or inside the training container, which mounts that directory read-only at the same path). It becomes a session leader, writes
 # its PID, start time and the torchrun PID, runs torchrun with the environment applied, forwards SIGTERM/SIGINT,
 # records torchrun's exit status, and on the way out ends any process still carrying the job's launch token
 # (workers orphaned by an agent that was killed), so a dead agent never leaves ranks hanging at a collective.

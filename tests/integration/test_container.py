@@ -305,7 +305,8 @@ def test_read_only_output_mount_by_configuration_is_named(converged, tmp_path):
     hv = host_vars / f"{node}.yml"
     mounts = [{"source": gv["cluster_shared_root"], "read_only": True},
               {"source": gv["cluster_output_root"], "read_only": True},
-              {"source": gv["cluster_code_dir"]}, {"source": "/var/lib/trainyard"}]
+              {"source": gv["cluster_code_dir"]}, {"source": "/var/lib/trainyard/train/job-ro", "read_only": True},
+              {"source": "/var/lib/trainyard/train/job-rw"}]
     try:
         hv.write_text(yaml.safe_dump({"container_mounts": mounts}))
         r, records, _ = converge(cluster, tmp_path)

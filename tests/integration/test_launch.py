@@ -20,6 +20,7 @@ from conftest import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
+RW = f"{STATE}/job-rw"
 OUT = "/srv/outputs"
 ARGV = ["--steps", "5000", "--save-every", "5", "--sleep", "0.3", "--output-root", OUT]
 EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "launch_wait_timeout": 600})]
@@ -41,7 +42,7 @@ def play(cluster, *args):
 
 
 def log_of(cluster, node) -> str:
-    return cluster.exec(node, ["cat", f"{STATE}/torchrun.log"], check=False).stdout
+    return cluster.exec(node, ["cat", f"{RW}/torchrun.log"], check=False).stdout
 
 
 def state_of(cluster, node) -> dict | None:
@@ -96,7 +97,7 @@ def job(cluster):
     r, _ = play(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
     for node in cluster.nodes:
-        cluster.exec(node, ["sh", "-c", f"rm -rf {OUT}/checkpoint-* {STATE}/torchrun.log*"])
+        cluster.exec(node, ["sh", "-c", f"rm -rf {OUT}/checkpoint-* {RW}/torchrun.log*"])
     r, _ = play(cluster, "-e", "test_launch_entry=none", *EXTRA)
     assert r.returncode == 0, r.stdout[-3000:]
     yield cluster

@@ -12,8 +12,8 @@ from pathlib import Path
 from conftest import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/render_sim.yml"
-ENV = "/var/lib/trainyard/train/nccl.env"
-DS = "/var/lib/trainyard/train/ds_config.json"
+ENV = "/var/lib/trainyard/train/job-ro/nccl.env"
+DS = "/var/lib/trainyard/train/job-ro/ds_config.json"
 
 
 def _run(cluster, *args):

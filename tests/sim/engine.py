@@ -22,7 +22,8 @@ from pathlib import Path
 
 CACHE_DIR = Path(os.environ.get("TRAINYARD_SIM_CACHE", "/var/cache/trainyard-sim"))
 REGISTRY_PORT = int(os.environ.get("TRAINYARD_REGISTRY_PORT", "5055"))
-APT_PACKAGES = ["docker.io", "docker-registry", "debootstrap", "iptables", "openssh-client", "chromium"]
+APT_PACKAGES = ["docker.io", "docker-registry", "debootstrap", "iptables", "openssh-client", "chromium",
+                "rsync"]  # rsync: molecule copies a scenario's Dockerfile context with it (molecule/janitor)
 DOCKERD_LOG = Path("/var/log/trainyard-dockerd.log")
 
 

@@ -58,7 +58,7 @@ class LocalCluster:
         return proc
 
     def path(self, host: str, name: str) -> Path:
-        return self.root / host / "state" / "train" / name
+        return self.root / host / "state" / "train" / "job-ro" / name  # the job's read-only directory
 
     def env(self, host: str) -> dict[str, str]:
         out = {}

@@ -100,3 +100,25 @@ def test_links_are_pointed_once_and_replaced_atomically_but_never_over_a_file(tm
     assert r["failed"] and "is not a symbolic link" in r["msg"] and (runs / "plain").read_text() == "x"
     r = run({"links": [{"path": "latest", "target": "a"}]})
     assert r["failed"] and "links[0]: path must be an absolute path" in r["msg"]
+
+
+def test_an_existing_directory_never_has_its_mode_changed_unless_it_is_enforced_by_name(tmp_path: Path):
+    """A directory the module did not create (a system directory, a shared scratch space) keeps its mode, whatever
+    mode the entry asks for; the result says the mode was kept. Only enforce_mode (a directory the product owns by
+    name) sets the mode of an existing one."""
+    sticky = tmp_path / "scratch"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    r = run({"directories": [{"path": str(sticky), "mode": "0755"}]})
+    assert not r["changed"] and mode(sticky) == 0o1777, r
+    assert r["directories"][0]["mode_kept"] == "1777"
+    r = run({"directories": [{"path": str(sticky), "mode": "0755"}]}, "--check")
+    assert not r["changed"]
+    own = tmp_path / "state"
+    own.mkdir()
+    own.chmod(0o777)
+    r = run({"directories": [{"path": str(own), "mode": "0750", "enforce_mode": True}]})
+    assert r["changed"] and mode(own) == 0o750
+    new = tmp_path / "new" / "dir"
+    r = run({"directories": [{"path": str(new), "mode": "0700"}]})
+    assert r["changed"] and mode(new) == 0o700 and r["directories"][0]["created"]

@@ -47,7 +47,7 @@ def test_tcp_profile_default_then_idempotent_first_launch_gets_info(tmp_path):
 
     # a launch in between (the launch module writes launch.json) changes nothing in the file: a re-run stays at 0
     for h in c.hosts:
-        c.path(h, "launch.json").write_text("{}")
+        (c.path(h, "nccl.env").parent.parent / "launch.json").write_text("{}")  # host-only, beside job-ro/
     again = _run(c)
     assert again.returncode == 0
     assert {h: recap_changed(again.stdout)[h] for h in c.hosts} == dict.fromkeys(c.hosts, 0), again.stdout[-2000:]
