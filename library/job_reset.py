@@ -201,6 +201,30 @@ def parse_proc_net_unix(text):
     return out
 
 
+def state_problem(state):
+    """Why a launch state cannot steer this module (None when it can): PIDs and start times must be integers."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    leaders = [("", state)]
+    sidecars = state.get("sidecars", [])
+    if not isinstance(sidecars, list) or not all(isinstance(sc, dict) for sc in sidecars):
+        return "field 'sidecars' is not a list of objects"
+    leaders += [("sidecars[%d]." % i, sc) for i, sc in enumerate(sidecars)]
+    for prefix, s in leaders:
+        for key in ("pid", "pgid", "start_ticks"):
+            v = s.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                return "field '%s%s' is not an integer" % (prefix, key)
+        for key in ("token", "log"):
+            if s.get(key) is not None and not isinstance(s.get(key), str):
+                return "field '%s%s' is not a string" % (prefix, key)
+    if state.get("master_port") is not None and not isinstance(state.get("master_port"), int):
+        return "field 'master_port' is not an integer"
+    if state.get("started_at") is not None and not isinstance(state.get("started_at"), (int, float)):
+        return "field 'started_at' is not a number"
+    return None
+
+
 def attribute(entry, job, holders_of, live_others):
     """Decide whether a leftover entry is this job's.
 
@@ -332,20 +356,32 @@ class Reset(object):
 
     # ------------------------------------------------------------------ state
     def states(self):
-        """The launch states to clean: the file and/or the copy passed in (different launches both count)."""
+        """The launch states to clean: the file and/or the copy passed in (different launches both count).
+        A torn or forged state (not an object, PIDs that are not integers) is named and not used."""
         out = []
+        self.state_problems = []
         path = os.path.join(self.dir, STATE_FILE)
         if os.path.isfile(path):
             try:
                 with open(path) as f:
-                    out.append(json.load(f))
+                    data = json.load(f)
+                why = state_problem(data)
             except (IOError, OSError, ValueError) as e:
-                self.warnings.append("%s is unreadable (%s): processes found by it are not cleaned" % (path, e))
+                data, why = None, str(e)
+            if why:
+                self.state_problems.append("%s is unreadable (%s): processes found by it are not cleaned; remove "
+                                           "it after checking no process of job %s runs" % (path, why, self.job))
+            else:
+                out.append(data)
         given = self.p["launch_state"]
         if given and isinstance(given, dict) and given.get("pid"):
-            if not any(s.get("token") == given.get("token") and s.get("pid") == given.get("pid") for s in out):
+            why = state_problem(given)
+            if why:
+                self.state_problems.append("launch_state (the copy passed in) is unusable (%s): not cleaned" % why)
+            elif not any(s.get("token") == given.get("token") and s.get("pid") == given.get("pid") for s in out):
                 out.append(given)
-        return [s for s in out if isinstance(s, dict)]
+        self.warnings.extend(self.state_problems)
+        return out
 
     def job_uid(self):
         for path in (os.path.join(self.dir, STATE_FILE), self.dir):
@@ -499,7 +535,8 @@ class Reset(object):
     def run(self):
         check = self.m.check_mode
         states = self.states()
-        self.found["state"] = {"present": bool(states), "pids": [s.get("pid") for s in states]}
+        self.found["state"] = {"present": bool(states), "pids": [s.get("pid") for s in states],
+                               "problems": self.state_problems}
         procs = self.job_procs(states)
         self.found["processes"] = [{"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid)}
                                    for st in procs]

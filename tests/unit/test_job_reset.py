@@ -318,3 +318,17 @@ def test_reset_spares_what_live_processes_hold_by_socket_cwd_or_mmap(crashed_job
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("text", ['{"pid": "1; rm -rf /", "start_ticks": "x", "pgid": "y", "sidecars": "z"}',
+                                  '{"pid": 1, "start_ticks": 1, "pgid": 1, "sidecars": [{"pid": [], "start_ticks": {}}]}',
+                                  '[1, 2', '"just a string"'])
+def test_forged_or_torn_state_is_named_and_never_crashes(tmp_path, text):
+    (tmp_path / "state" / "train").mkdir(parents=True)
+    (tmp_path / "state" / "train" / "launch.json").write_text(text)
+    status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
+                              "patterns": {str(tmp_path): ["torch_*"]}})
+    assert status.endswith("SUCCESS"), res
+    assert res["changed"] is False and res["found"]["processes"] == []
+    (problem,) = res["found"]["state"]["problems"]
+    assert "launch.json is unreadable" in problem and "not cleaned" in problem and "remove it" in problem
