@@ -553,6 +553,9 @@ class Launch(object):
         path = self.p["secret_env_file"]
         if not path:
             return []
+        if self.m.check_mode and not os.path.exists(path):
+            self.result["secret_env"] = None  # check mode: the role has not written it yet
+            return []
         try:
             st = os.stat(path)
             with open(path) as f:
