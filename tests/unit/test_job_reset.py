@@ -262,11 +262,11 @@ def test_clean_node_changes_nothing(tmp_path):
 
 
 MANAGER = textwrap.dedent("""
-    import multiprocessing.managers, os, sys, time
-    m = multiprocessing.managers.SyncManager()  # listens on a unix socket in <TMPDIR>/pymp-*/listener-*
-    m.start()
-    open(sys.argv[1], "w").write(m.address)
-    time.sleep(600)
+    import multiprocessing.managers, sys
+    # The manager's server in this process (no child to outlive the test): a unix socket in <TMPDIR>/pymp-*/.
+    server = multiprocessing.managers.SyncManager().get_server()
+    open(sys.argv[1], "w").write(server.address)
+    server.serve_forever()
 """)
 SOCKET_SERVER = textwrap.dedent("""
     import os, socket, sys, time
