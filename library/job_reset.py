@@ -179,6 +179,52 @@ def match_patterns(name, patterns):
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def holder_words(others):
+    """'held by PID 12 (unix socket /tmp/pymp-x/listener-1) (not this job)' from {pid: how} (or a set of PIDs);
+    PID 0 stands for a holder this module cannot see (a socket of another PID namespace)."""
+    if not isinstance(others, dict):
+        return "held open by PID %s (not this job)" % ",".join(str(p) for p in sorted(others))
+    parts = [("held open by PID %d" % p) if others[p] == "open file" else
+             "held by %s (%s)" % ("PID %d" % p if p else "a process not visible here", others[p])
+             for p in sorted(others)]
+    return "%s (not this job)" % ", ".join(parts)
+
+
+def parse_proc_net_unix(text):
+    """{inode: path} of the unix sockets bound to a file system path, from the text of /proc/net/unix
+    (abstract sockets, '@name', are not files and are left out)."""
+    out = {}
+    for line in text.splitlines()[1:]:
+        f = line.split(None, 7)
+        if len(f) == 8 and f[7].startswith("/"):
+            out[f[6]] = f[7].rstrip("\n")
+    return out
+
+
+def state_problem(state):
+    """Why a launch state cannot steer this module (None when it can): PIDs and start times must be integers."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    leaders = [("", state)]
+    sidecars = state.get("sidecars", [])
+    if not isinstance(sidecars, list) or not all(isinstance(sc, dict) for sc in sidecars):
+        return "field 'sidecars' is not a list of objects"
+    leaders += [("sidecars[%d]." % i, sc) for i, sc in enumerate(sidecars)]
+    for prefix, s in leaders:
+        for key in ("pid", "pgid", "start_ticks"):
+            v = s.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                return "field '%s%s' is not an integer" % (prefix, key)
+        for key in ("token", "log"):
+            if s.get(key) is not None and not isinstance(s.get(key), str):
+                return "field '%s%s' is not a string" % (prefix, key)
+    if state.get("master_port") is not None and not isinstance(state.get("master_port"), int):
+        return "field 'master_port' is not an integer"
+    if state.get("started_at") is not None and not isinstance(state.get("started_at"), (int, float)):
+        return "field 'started_at' is not a number"
+    return None
+
+
 def attribute(entry, job, holders_of, live_others):
     """Decide whether a leftover entry is this job's.
 
@@ -189,7 +235,7 @@ def attribute(entry, job, holders_of, live_others):
     path = entry["path"]
     others = holders_of.get(path) or set()
     if others:
-        return False, "held open by PID %s (not this job)" % ",".join(str(p) for p in sorted(others))
+        return False, holder_words(others)
     if path in job["held"]:
         return True, "held by the job"
     m = TORCH_SHM.match(entry["name"])
@@ -236,8 +282,40 @@ def proc_mapped_paths(pid):
     return out
 
 
-def open_paths(pid):
-    return set(t for t in proc_fd_targets(pid) if t.startswith("/")) | proc_mapped_paths(pid)
+def unix_sockets():
+    """{inode: path} of every unix socket bound to a path in this network namespace."""
+    try:
+        with open("/proc/net/unix") as f:
+            return parse_proc_net_unix(f.read())
+    except (IOError, OSError):
+        return {}
+
+
+def held_paths(pid, unix=None):
+    """{path: how} for everything a process holds: open files, unix sockets bound to a path (through their
+    socket inode), mapped files, its working directory and its root (when not /)."""
+    out = {}
+    for t in proc_fd_targets(pid):
+        if t.startswith("/"):
+            out.setdefault(t, "open file")
+        elif t.startswith("socket:[") and unix:
+            path = unix.get(t[len("socket:["):-1])
+            if path:
+                out[path] = "unix socket %s" % path
+    for path in proc_mapped_paths(pid):
+        out.setdefault(path, "mapped")
+    for name in ("cwd", "root"):
+        try:
+            path = os.readlink("/proc/%d/%s" % (pid, name))
+        except OSError:
+            continue
+        if path.startswith("/") and path != "/":
+            out.setdefault(path.replace(" (deleted)", ""), "working directory" if name == "cwd" else "root")
+    return out
+
+
+def open_paths(pid, unix=None):
+    return set(held_paths(pid, unix))
 
 
 def listening_inodes(port):
@@ -278,20 +356,32 @@ class Reset(object):
 
     # ------------------------------------------------------------------ state
     def states(self):
-        """The launch states to clean: the file and/or the copy passed in (different launches both count)."""
+        """The launch states to clean: the file and/or the copy passed in (different launches both count).
+        A torn or forged state (not an object, PIDs that are not integers) is named and not used."""
         out = []
+        self.state_problems = []
         path = os.path.join(self.dir, STATE_FILE)
         if os.path.isfile(path):
             try:
                 with open(path) as f:
-                    out.append(json.load(f))
+                    data = json.load(f)
+                why = state_problem(data)
             except (IOError, OSError, ValueError) as e:
-                self.warnings.append("%s is unreadable (%s): processes found by it are not cleaned" % (path, e))
+                data, why = None, str(e)
+            if why:
+                self.state_problems.append("%s is unreadable (%s): processes found by it are not cleaned; remove "
+                                           "it after checking no process of job %s runs" % (path, why, self.job))
+            else:
+                out.append(data)
         given = self.p["launch_state"]
         if given and isinstance(given, dict) and given.get("pid"):
-            if not any(s.get("token") == given.get("token") and s.get("pid") == given.get("pid") for s in out):
+            why = state_problem(given)
+            if why:
+                self.state_problems.append("launch_state (the copy passed in) is unusable (%s): not cleaned" % why)
+            elif not any(s.get("token") == given.get("token") and s.get("pid") == given.get("pid") for s in out):
                 out.append(given)
-        return [s for s in out if isinstance(s, dict)]
+        self.warnings.extend(self.state_problems)
+        return out
 
     def job_uid(self):
         for path in (os.path.join(self.dir, STATE_FILE), self.dir):
@@ -363,16 +453,31 @@ class Reset(object):
 
     @staticmethod
     def holders(paths, exclude):
-        """path -> set of live PIDs (not in exclude) holding it open/mapped (or something beneath it)."""
+        """path -> {pid: how} of live processes (not in exclude) holding it or something beneath it in any way:
+        open, mapped, working directory or root, or a unix socket bound there. A bound socket whose holder is
+        not visible here (another PID namespace) counts as held, by PID 0."""
         wanted = set(paths)
+        unix = unix_sockets()
         out = {}
+        seen_inodes = set()
+
+        def add(target, pid, how):
+            for w in wanted:
+                if target == w or target.startswith(w + "/"):
+                    out.setdefault(w, {})[pid] = how
+
         for st in pg.all_stats():
-            if st.pid in exclude or st.state in ("Z", "X", "x"):
+            if st.state in ("Z", "X", "x"):
                 continue
-            for t in open_paths(st.pid):
-                for w in wanted:
-                    if t == w or t.startswith(w + "/"):
-                        out.setdefault(w, set()).add(st.pid)
+            targets = proc_fd_targets(st.pid)
+            seen_inodes.update(t[len("socket:["):-1] for t in targets if t.startswith("socket:["))
+            if st.pid in exclude:
+                continue
+            for t, how in held_paths(st.pid, unix).items():
+                add(t, st.pid, how)
+        for inode, path in unix.items():
+            if inode not in seen_inodes:
+                add(path, 0, "unix socket %s" % path)
         return out
 
     @staticmethod
@@ -430,14 +535,16 @@ class Reset(object):
     def run(self):
         check = self.m.check_mode
         states = self.states()
-        self.found["state"] = {"present": bool(states), "pids": [s.get("pid") for s in states]}
+        self.found["state"] = {"present": bool(states), "pids": [s.get("pid") for s in states],
+                               "problems": self.state_problems}
         procs = self.job_procs(states)
         self.found["processes"] = [{"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid)}
                                    for st in procs]
         ours = set(st.pid for st in procs)
         held = set()
+        unix = unix_sockets()
         for st in procs:
-            held |= open_paths(st.pid)
+            held |= open_paths(st.pid, unix)
         port = int(self.p["port"] or next((s.get("master_port") for s in states if s.get("master_port")), 0) or 0)
         holders_before = self.port_holders(port, ours) if port else []
         self.found["port_holders"] = holders_before

@@ -92,7 +92,7 @@ nvidia_gpu_facts:
       sample:
         - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, pci_bus_id: "00000000:00:06.0",
            pci_bus_id_normalized: "0000:00:06.0", name: NVIDIA H200, memory_total_mib: 143771,
-           persistence_mode: Enabled, mig_mode: Disabled, minor_number: 0, module_id: "2",
+           persistence_mode: Enabled, mig_mode: Disabled, mig_pending: Disabled, mig_devices: 0, minor_number: 0, module_id: "2",
            fabric: {state: Completed, status: Success, clique_id: "0", cluster_uuid: "..."},
            nvlink: {links: 18, active: 18, inactive: 0, gbps: 478.116}}
     fabric_applicable:
@@ -138,6 +138,8 @@ from ansible.module_utils.nvidia_smi import (
     parse_fabricmanager_version,
     parse_nvlink_status,
     parse_query_xml,
+    to_text,
+    undecodable,
 )
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
@@ -177,8 +179,13 @@ class GpuFacts(object):
         if not smi:
             self.fail(None, "", missing=True)
         rc, out, err = self._run([smi, "-q", "-x"])
+        bad = undecodable(out or "")
+        out, err = to_text(out or ""), to_text(err or "")
+        if bad:
+            self.module.warn("nvidia-smi -q -x printed %d byte(s) that are not UTF-8 (kept as U+FFFD); the GPU "
+                             "names may be garbled: check the node's driver and VBIOS" % bad)
         if rc != 0:
-            self.fail(rc, (out or "") + (err or ""), stdout=out, stderr=err)
+            self.fail(rc, out + err, stdout=out, stderr=err)
         try:
             facts = parse_query_xml(out)
         except NvidiaSmiParseError as exc:
@@ -191,7 +198,7 @@ class GpuFacts(object):
         if self.module.params["nvlink"] and gpus:
             rc, lout, lerr = self._run([smi, "nvlink", "-s"])
             if rc == 0:
-                links = parse_nvlink_status(lout)
+                links = parse_nvlink_status(to_text(lout or ""))
         for g in gpus:
             g["nvlink"] = links.get(g["index"])
 

@@ -97,6 +97,15 @@ options:
     description: More environment variables for the job (applied after the env files).
     type: dict
     default: {}
+  secret_env_file:
+    description:
+      - Host-only file of secrets for the job (C(KEY=value) lines, taken literally), mode 0600 or stricter; the
+        launch role writes it from C(launch_secret_env) (ansible-vault values) with C(no_log).
+      - Its variables reach the job's environment (runtime C(host) through the launcher, runtime C(docker)
+        through C(docker exec --env-file), so the file never needs to be inside the container). Their values
+        never appear in the result, the launch spec, C(launch.json) or the log lines this module writes; only
+        their names are returned (I(secret_env)). Changing a value does not make the running job another job.
+    type: path
   first_launch_env:
     description:
       - Variables for this node's first launch of the job only (no state file from an earlier launch), applied
@@ -257,9 +266,16 @@ command_line:
   returned: when a command is known
   type: str
 env:
-  description: Environment added for the job (env files, then C(env), then the resume path); in check mode and on start.
+  description:
+    - Environment added for the job (env files, then C(env), then the resume path); in check mode and on start.
+    - Values of names that look secret (token, secret, password, key, credential, auth, ...) show as C(********).
   returned: state=started
   type: dict
+secret_env:
+  description: Names (never values) of the variables from I(secret_env_file).
+  returned: state=started with secret_env_file
+  type: list
+  elements: str
 log:
   description: Node-local log path.
   returned: always
@@ -529,6 +545,36 @@ class Launch(object):
             envs.append(env)
         return envs
 
+    def secret_names(self):
+        """Check secret_env_file (present, owner-only, KEY=value lines) and return its names; its values are
+        added to the module's no_log values, so no output of this module can show them."""
+        path = self.p["secret_env_file"]
+        if not path:
+            return []
+        if self.m.check_mode and not os.path.exists(path):
+            self.result["secret_env"] = None  # check mode: the role has not written it yet
+            return []
+        try:
+            st = os.stat(path)
+            with open(path) as f:
+                text = f.read()
+        except (IOError, OSError) as e:
+            self.m.fail_json(msg="secret_env_file %s cannot be read (%s): the launch role writes it from "
+                                 "launch_secret_env; run site.yml" % (path, e.strerror or e), **self.result)
+        except UnicodeDecodeError:
+            self.m.fail_json(msg="secret_env_file %s is not UTF-8 text: write KEY=value lines" % path,
+                             **self.result)
+        if st.st_mode & 0o077:
+            self.m.fail_json(msg="secret_env_file %s is readable by group or others (mode %04o): chmod 600 %s "
+                                 "(the launch role writes it 0600)" % (path, st.st_mode & 0o7777, path),
+                             **self.result)
+        env, problems = tr.parse_secret_env(text, "secret_env_file %s" % path)
+        self.m.no_log_values.update(v for v in env.values() if v)
+        if problems:
+            self.m.fail_json(msg="; ".join(problems[:5]), **self.result)
+        self.result["secret_env"] = sorted(env)
+        return sorted(env)
+
     def stop_hint(self, job):
         return ("stop it with `ansible-playbook reset.yml -e reset_confirm=true` (with cluster_job_name=%s), or a "
                 "task `torchrun_launch: {job: %s, state: stopped}`" % (job, job))
@@ -563,13 +609,19 @@ class Launch(object):
                 os.unlink(path)
             except OSError:
                 pass
+        secret_file = self.p["secret_env_file"] if name == "torchrun" else ""
         spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
                 "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
+        if secret_file and runtime != "docker":
+            spec["secret_env_file"] = secret_file  # the path; the launcher reads the values
         tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
         launcher = os.path.join(self.ro_dir, tr.LAUNCHER_FILE)
         if in_container:
-            cmd = [self.p["docker"], "exec", "-d", "-e", "%s=%s" % (tr.TOKEN_ENV, token), self.p["container"],
-                   self.p["container_python"], launcher, spec_path]
+            # docker reads the secrets on the host: the file never has to be visible inside the container.
+            secret_args = ["--env-file", secret_file] if secret_file else []
+            cmd = [self.p["docker"], "exec"] + secret_args + ["-d", "-e", "%s=%s" % (tr.TOKEN_ENV, token),
+                                                              self.p["container"], self.p["container_python"],
+                                                              launcher, spec_path]
             rc, out, err = self.m.run_command(cmd)
             if rc != 0:
                 self.m.fail_json(msg="docker exec into %s failed (rc %d): %s. Is the training container running "
@@ -602,13 +654,20 @@ class Launch(object):
                     or not sc["argv"]:
                 self.m.fail_json(msg="sidecars: each item needs name and a non-empty argv list, got %r" % (sc,),
                                  **self.result)
-            tr.validate_job_name(str(sc["name"]))
         base = self.base_command()
+        # Everything the start depends on is checked before anything is started or stopped.
         try:
+            for sc in p["sidecars"]:
+                tr.validate_sidecar_name(sc["name"])
+            tr.validate_regex("first_step_marker", p["first_step_marker"])
+            tr.validate_regex("rendezvous_marker", p["rendezvous_marker"])
             extra_env = tr.validate_env(p["env"])
         except tr.LaunchError as e:
             self.m.fail_json(msg=str(e), **self.result)
-        fp = tr.fingerprint(base, extra_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
+        self.m.no_log_values.update(v for k, v in extra_env.items() if tr.looks_secret(k) and v)
+        secret_names = self.secret_names()
+        fp_env = dict(extra_env, **dict((k, "<secret>") for k in secret_names))  # names, not values
+        fp = tr.fingerprint(base, fp_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
 
         for other, st, procs in self.other_jobs():
             self.m.fail_json(msg="job %s (pid %s, started %s, %d processes) holds this node; %s"
@@ -646,7 +705,7 @@ class Launch(object):
             self.result["first_launch_env"] = sorted(p["first_launch_env"])
         token = uuid.uuid4().hex
         env = tr.merge_env(file_envs, extra_env, resume)
-        self.result.update(command=command, command_line=tr.shell_quote(command), env=env,
+        self.result.update(command=command, command_line=tr.shell_quote(command), env=tr.redact_env(env),
                            resume_from=resume or "", node_rank=p["node_rank"], runtime=p["runtime"])
         if self.m.check_mode:
             self.result.update(changed=True, state="started",
@@ -666,9 +725,11 @@ class Launch(object):
         if state is not None and self.all_procs(state):
             pg.terminate(lambda: self.all_procs(state), grace=float(p["stop_timeout"]))
 
-        for d in (self.dir, self.ro_dir, self.rw_dir):
+        # The host-only directory is 0750; the container's read-only and read-write directories stay readable
+        # for an image that runs as another user.
+        for d, mode in ((self.dir, 0o750), (self.ro_dir, 0o755), (self.rw_dir, 0o755)):
             try:
-                os.makedirs(d, 0o755)
+                os.makedirs(d, mode)
             except OSError:
                 if not os.path.isdir(d) or os.path.islink(d):
                     self.m.fail_json(msg="cannot create the directory %s" % d, **self.result)
@@ -700,9 +761,9 @@ class Launch(object):
             self.job, p["runtime"], p["container"], data["pid"], data["pgid"], data["start_ticks"], started_at,
             command, p["env_files"], self.log, p["node_rank"], p["master_port"], resume, sidecars, token, fp,
             exit_path, torchrun_pid=data.get("child_pid"))
-        tr.write_atomic(self.state_path, tr.dumps_state(new_state))
+        tr.write_atomic(self.state_path, tr.dumps_state(new_state), 0o640)
         self.result.update(changed=True)
-        self.result.update(self.describe(new_state, {"env": env}))
+        self.result.update(self.describe(new_state, {"env": tr.redact_env(env)}))
         return self.finish_wait(new_state)
 
     def finish_wait(self, state):
@@ -770,6 +831,7 @@ def main():
             env_files=dict(type="list", elements="path", default=[]),
             env=dict(type="dict", default={}),
             first_launch_env=dict(type="dict", default={}),
+            secret_env_file=dict(type="path", default=""),
             chdir=dict(type="path"),
             log=dict(type="path"),
             runtime=dict(type="str", default="host", choices=["host", "docker"]),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +38,28 @@ PORT_RANGE = (1024, 65535)
 BAD_IFACE_PATTERNS = (r"lo", r"docker.*", r"veth.*", r"br-.*", r"virbr.*", r"cni.*", r"flannel.*", r"cali.*",
                       r"vxlan.*", r"tunl.*", r"kube-.*", r"weave.*", r"lxcbr.*", r"lxdbr.*", r"podman.*",
                       r"cilium.*", r"genev_sys.*", r"vnet.*")
-# Paths the job's output (which the janitor prunes) or its state must never be.
-SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
-                         "/sys", "/usr", "/var", "/home", "/tmp", "/opt", "/srv", "/mnt"})
 PATH_VARS = ("cluster_output_root", "cluster_shared_root", "cluster_code_dir", "cluster_state_dir")
+# Every variable whose name ends like this holds a path (a value, or a list of them for *_files); container mount
+# sources too. Each is normalised and checked against DENIED_ROOTS (the directory itself, not what lies below).
+PATH_SUFFIXES = ("_root", "_dir", "_file", "_path", "_log", "_files")
+MOUNT_VARS = ("container_mounts", "container_mounts_extra")
+NOT_PATHS = frozenset({"train_args_model_name_or_path"})       # a hub id ("org/model") as often as a path
+# Paths resolved from a working directory of their own: relative is fine (the deny list still applies).
+RELATIVE_OK = frozenset({"cluster_run_dir",                      # on the controller, from the working directory
+                         "train_args_dataset_dir"})              # llamafactory resolves it from the job's chdir
+DENIED_ROOTS = frozenset({
+    "/", "/bin", "/boot", "/boot/efi", "/dev", "/dev/shm", "/dev/mqueue", "/dev/pts", "/etc", "/home", "/lost+found",
+    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/run/lock", "/run/user", "/sbin", "/snap", "/srv", "/sys",
+    "/tmp", "/usr", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/local",
+    "/usr/local/bin", "/usr/local/lib", "/usr/sbin", "/usr/share", "/usr/src", "/var", "/var/cache", "/var/lib",
+    "/var/lib/docker", "/var/lock", "/var/log", "/var/mail", "/var/opt", "/var/run", "/var/spool", "/var/tmp"})
+DENIED_ROOT_RE = re.compile(r"^/lib[^/]*$")                      # /lib, /lib32, /lib64, /libx32, ...
+# Kernel file systems: no path below them holds job data.
+DENIED_TREES = ("/proc", "/sys", "/dev/pts", "/dev/mqueue")
+# Variable names (or env keys) whose values are never printed.
+SECRET_NAME_RE = re.compile(r"token|secret|passw|pwd|key|credential|cred|auth|cookie|private|signature|session",
+                            re.I)
+HIDDEN = "<hidden>"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IFACE_RE = re.compile(r"^[^\s/:]{1,15}$")
 HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
@@ -75,7 +94,7 @@ class Problem:
                 where = f" on {', '.join(hosts[:MAX_HOSTS_NAMED])} and {len(hosts) - MAX_HOSTS_NAMED} more"
             else:
                 where = f" on {', '.join(hosts)}"
-        value = f" ({self.var} = {_show(self.value)})" if self.has_value else ""
+        value = f" ({self.var} = {_show(redact(self.value, self.var))})" if self.has_value else ""
         return f"Stop if {self.what}{where}{value}. Fix: {self.fix}"
 
 
@@ -89,6 +108,27 @@ def _show(value: Any) -> str:
         return "null (empty)"
     text = repr(_plain(value))
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def looks_secret(name: Any) -> bool:
+    """True when a variable name or env key looks like it holds a secret (token, password, key, ...)."""
+    return bool(SECRET_NAME_RE.search(str(name)))
+
+
+def redact(value: Any, name: str = "") -> Any:
+    """The value with everything that may be a secret replaced by HIDDEN: the whole value when its name looks
+    secret, values under secret-looking keys of mappings, and KEY=value strings with a secret-looking KEY."""
+    if name and looks_secret(name):
+        return HIDDEN
+    if isinstance(value, Mapping):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        m = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*[=:]", value)
+        if m and looks_secret(m.group(1)):
+            return f"{m.group(1)}={HIDDEN}"
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -219,6 +259,8 @@ def _a(typ: str) -> str:
 
 
 def _type_fix(var: str, value: Any, typ: str) -> str:
+    if looks_secret(var):
+        value = None  # never echoed into the fix either
     if typ == "int" and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
         return f"write {var}: {value.strip()} without quotes"
     if typ == "int" and isinstance(value, float) and value.is_integer():
@@ -453,9 +495,10 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
             if role not in known:
                 continue  # that role has no spec (yet): nothing to check against
             if var not in known[role]:
+                # Named, never with its value: a misspelt password variable must not be printed.
                 problems.append(Problem(f"{var} is not a variable of the role {role}",
                                         _did_you_mean(var, known[role]) + " (see roles/" + role
-                                        + "/meta/argument_specs.yml)", var, value, [h], True))
+                                        + "/meta/argument_specs.yml)", var))
                 continue
             spec = specs[role].get(var)
             if spec is None:
@@ -481,7 +524,8 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
         seen: dict[str, list[str]] = {}
         for h in hosts:
             hv = hostvars.get(h) or {}
-            shown = _show(typed[h].get(var, hv.get(var))) if var in hv else f"{_show(defaults.get(var))} (default)"
+            shown = (_show(redact(typed[h].get(var, hv.get(var)), var)) if var in hv
+                     else f"{_show(redact(defaults.get(var), var))} (default)")
             seen.setdefault(shown, []).append(h)
         if len(seen) > 1:
             detail = "; ".join(f"{', '.join(hs[:4])}{' …' if len(hs) > 4 else ''} = {v}" for v, hs in seen.items())
@@ -492,6 +536,7 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
     head = order_hosts(hosts, {h: (hostvars.get(h) or {}).get("node_rank") for h in hosts})[0]
     for h in hosts:
         problems += _check_cluster_values(h, head, hosts, typed[h], hostvars, defaults, bad_iface_patterns)
+        problems += check_paths(h, typed[h])
 
     merged = merge(problems)
     return [p.line(hosts) for p in merged]
@@ -667,13 +712,8 @@ def _check_cluster_values(h: str, head: str, hosts: list[str], typed: Mapping, h
             continue
         if not path.strip():
             problems.append(Problem(f"{var} is empty", f"set {var} to an absolute path", var, path, [h], True))
-        elif not path.startswith("/"):
-            problems.append(Problem(f"{var} is not an absolute path", f"set {var} to an absolute path, e.g. "
-                                    f"/{path.strip().lstrip('./')}", var, path, [h], True))
-        elif var in ("cluster_output_root", "cluster_state_dir") and _norm_path(path) in SYSTEM_DIRS:
-            problems.append(Problem(f"{var} is a system directory (the job writes and prunes there)",
-                                    f"use a directory of its own, e.g. {_norm_path(path).rstrip('/')}/trainyard",
-                                    var, path, [h], True))
+        elif var not in typed:
+            problems += path_problems(var, path, [h])  # a default; set values are checked by check_paths
     ok_o, out = val("cluster_output_root")
     ok_s, shared = val("cluster_shared_root")
     if ok_o and ok_s and isinstance(out, str) and isinstance(shared, str) and out.startswith("/") \
@@ -698,3 +738,57 @@ def _check_cluster_values(h: str, head: str, hosts: list[str], typed: Mapping, h
 
 def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+# --------------------------------------------------------------------------------------------- paths
+def normalise_path(path: str) -> str:
+    """The directory a path names: posixpath.normpath plus the POSIX '//' root folded to '/'."""
+    norm = posixpath.normpath(path.strip())
+    return "/" + norm.lstrip("/") if norm.startswith("/") else norm
+
+
+def denied_path(norm: str) -> bool:
+    """True for a system directory itself (/, /tmp, /etc, /var/lib, /lib64, ...) and anything in a kernel file
+    system (/proc, /sys); paths below the other system directories are fine (/var/lib/trainyard)."""
+    if norm in DENIED_ROOTS or DENIED_ROOT_RE.match(norm):
+        return True
+    return any(norm == t or norm.startswith(t + "/") for t in DENIED_TREES)
+
+
+def path_problems(var: str, path: Any, hosts: list) -> list[Problem]:
+    """One "Stop if" problem when path is relative or names a system directory, whatever its spelling."""
+    if not isinstance(path, str) or not path.strip() or _templated(path):
+        return []
+    if not path.strip().startswith("/") and var.split("[")[0] not in RELATIVE_OK:
+        example = "/" + path.strip().lstrip("./~").lstrip("/")
+        return [Problem(f"{var} is not an absolute path (relative paths depend on where a task runs)",
+                        f"set {var} to an absolute path, e.g. {example}", var, path, hosts, True)]
+    norm = normalise_path(path)
+    if not denied_path(norm):
+        return []
+    if any(norm == t or norm.startswith(t + "/") for t in DENIED_TREES) and norm not in DENIED_ROOTS:
+        fix = f"set {var} to a directory on a real file system, e.g. /srv/trainyard/{var.split('_', 1)[-1]}"
+    else:
+        fix = f"set {var} to a directory of its own below it, e.g. {norm.rstrip('/')}/trainyard"
+    return [Problem(f"{var} normalises to {norm}, a system directory (the roles create, chmod, write and prune "
+                    "there)", fix, var, path, hosts, True)]
+
+
+def is_path_var(var: str) -> bool:
+    return var not in NOT_PATHS and var.endswith(PATH_SUFFIXES)
+
+
+def check_paths(host: str, typed: Mapping) -> list[Problem]:
+    """Every path variable set for host (well typed), container mount sources and *_files lists included."""
+    problems: list[Problem] = []
+    for var, value in sorted(typed.items()):
+        if var in MOUNT_VARS and isinstance(value, (list, tuple)):
+            for i, mount in enumerate(value):
+                if isinstance(mount, Mapping):
+                    problems += path_problems(f"{var}[{i}].source", mount.get("source"), [host])
+        elif is_path_var(var) and isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                problems += path_problems(f"{var}[{i}]", item, [host])
+        elif is_path_var(var):
+            problems += path_problems(var, value, [host])
+    return problems

@@ -68,6 +68,32 @@ def _mib(value):
     return int(m.group(1)) if m else None
 
 
+def to_text(data):
+    """Text of a command's output whatever its bytes: undecodable bytes (or the surrogates Python's
+    surrogateescape left for them) become U+FFFD, so a parser never meets them."""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def undecodable(data):
+    """How many characters of a command's output were not UTF-8 (see to_text)."""
+    return to_text(data).count(u"\ufffd") - (data.count(u"\ufffd") if not isinstance(data, bytes) else 0)
+
+
+def mig_problems(gpus):
+    """GPUs in MIG mode (current or pending): [(gpu, words)]. The rank map assigns whole GPUs."""
+    out = []
+    for g in gpus or []:
+        current, pending = g.get("mig_mode"), g.get("mig_pending")
+        if current == "Enabled":
+            n = g.get("mig_devices") or 0
+            out.append((g, "MIG Enabled (%d MIG device%s)" % (n, "" if n == 1 else "s")))
+        elif pending == "Enabled":
+            out.append((g, "MIG Enabled pending (takes effect at the next GPU reset)"))
+    return out
+
+
 def parse_query_xml(text):
     """``nvidia-smi -q -x`` -> {driver_version, cuda_version, attached_gpus, gpus: [...]}.
 
@@ -77,6 +103,7 @@ def parse_query_xml(text):
     """
     if not text or not text.strip():
         raise NvidiaSmiParseError("nvidia-smi -q -x printed nothing")
+    text = to_text(text)
     # The DOCTYPE names an external DTD; ElementTree never fetches it.
     try:
         root = ET.fromstring(text.strip())
@@ -110,6 +137,8 @@ def parse_query_xml(text):
             "memory_total_mib": _mib(_text(g, "fb_memory_usage/total")),
             "persistence_mode": _text(g, "persistence_mode"),
             "mig_mode": _text(g, "mig_mode/current_mig"),
+            "mig_pending": _text(g, "mig_mode/pending_mig"),
+            "mig_devices": len(g.findall("mig_devices/mig_device")),
             "minor_number": int(minor) if minor and minor.isdigit() else None,
             "module_id": _text(g, "platformInfo/module_id"),
             "fabric": {
@@ -373,14 +402,14 @@ def driver_records(host, facts, all_facts, opts):
         "numbers GPUs fastest-first and local ranks may not match the PCI order torchrun assumes" % order_file)
     if facts is None and str(opts.get("gpus_per_node")) == "0":
         return [_rec("nvidia_driver." + name, "skip", "CPU-only cluster (cluster_gpus_per_node: 0): no GPU checks")
-                for name in ("smi", "version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map",
+                for name in ("smi", "version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map", "mig",
                              "device_order")]
     if facts is None:
         error = opts.get("error") or "nvidia-smi did not answer"
         recs.append(_rec("nvidia_driver.smi", "fail", error,
                          "Fix the driver on %s (see the cause above), then rerun preflight" % host))
         skip = "not checked: nvidia-smi failed on this node (see nvidia_driver.smi)"
-        for name in ("version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map"):
+        for name in ("version", "drift", "gpu_count", "pci_unique", "uuid_unique", "gpu_map", "mig"):
             recs.append(_rec("nvidia_driver." + name, "skip", skip))
         recs.append(recs_order)
         return recs
@@ -493,13 +522,36 @@ def driver_records(host, facts, all_facts, opts):
     else:
         gpu_ranks = opts.get("gpu_ranks", True)
         short = gpu_ranks and nproc not in (None, "") and int(nproc) > len(gmap) and len(gmap) > 0
+        mapped = set(m["index"] for m in gmap)
+        in_mig = [(g, words) for g, words in mig_problems(gpus) if g.get("index") in mapped]
+        if short:
+            detail = "%s local ranks but %d visible GPU(s): two ranks would share a GPU" % (nproc, len(gmap))
+            fix = "Lower cluster_nproc_per_node to %d or make more GPUs visible on %s" % (len(gmap), host)
+        elif in_mig:
+            detail = "the map assigns whole GPUs, but %s %s in MIG mode: CUDA would see MIG devices, not these GPUs" % (
+                ", ".join(_gpu_name(g) for g, _ in in_mig), "is" if len(in_mig) == 1 else "are")
+            fix = "Turn MIG off on %s (see nvidia_driver.mig)" % host
+        else:
+            detail = ", ".join("rank %d -> GPU %s (%s)" % (m["local_rank"], m["index"], m["pci_bus_id"])
+                               for m in gmap) or "no GPUs"
+            fix = ""
+        recs.append(_rec("nvidia_driver.gpu_map", "fail" if short or in_mig else "pass", detail, fix,
+                         data={"gpu_map": gmap, "visible_devices": visible or None}))
+
+    # MIG: trainyard maps local ranks to whole GPUs only; a GPU in MIG mode would silently break that map.
+    mig = mig_problems(gpus)
+    if mig:
         recs.append(_rec(
-            "nvidia_driver.gpu_map", "fail" if short else "pass",
-            ("%s local ranks but %d visible GPU(s): two ranks would share a GPU" % (nproc, len(gmap))) if short
-            else ", ".join("rank %d -> GPU %s (%s)" % (m["local_rank"], m["index"], m["pci_bus_id"]) for m in gmap)
-            or "no GPUs",
-            "Lower cluster_nproc_per_node to %d or make more GPUs visible on %s" % (len(gmap), host),
-            data={"gpu_map": gmap, "visible_devices": visible or None}))
+            "nvidia_driver.mig", "fail", "; ".join("%s: %s" % (_gpu_name(g), words) for g, words in mig),
+            "Turn MIG off on %s: %s (as root; then reset the GPU or reboot). trainyard maps ranks to whole GPUs "
+            "and does not place ranks on MIG devices" % (
+                host, "; ".join("nvidia-smi -i %s -mig 0" % g.get("index") for g, _ in mig)),
+            data={"gpus": [g.get("index") for g, _ in mig]}))
+    else:
+        supported = [g for g in gpus if g.get("mig_mode") not in (None, "N/A")]
+        recs.append(_rec("nvidia_driver.mig", "pass",
+                         "MIG disabled on all %d GPU(s)" % len(gpus) if supported else
+                         "MIG not supported by these GPUs" if gpus else "no GPUs"))
     recs.append(recs_order)
     return recs
 

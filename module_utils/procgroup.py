@@ -280,7 +280,9 @@ def terminate(find, grace=10.0, poll=0.1, kill_after=True, sleep=time.sleep, clo
 def start_detached(argv, log_path=None, cwd=None, env=None):
     """Start argv in a new session (its own process group) with stdin from /dev/null and output appended to
     log_path (or /dev/null); it outlives the caller. Returns (pid, start_ticks)."""
-    out = open(log_path, "ab") if log_path else open(os.devnull, "wb")
+    # The log may carry the job's command line and output: readable by its owner and group only.
+    out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640), "ab") if log_path \
+        else open(os.devnull, "wb")
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                              env=env, close_fds=True, start_new_session=True)

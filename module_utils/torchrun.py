@@ -47,6 +47,9 @@ RDZV_BACKENDS = ("static", "c10d")
 LOG_KEEP = 5
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names whose values a result, a log or a state file never shows.
+SECRET_NAME = re.compile(r"token|secret|passw|pwd|key|credential|cred|auth|cookie|private|signature|session", re.I)
+REDACTED = "********"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -60,6 +63,25 @@ def validate_job_name(name):
     if not name or not _JOB_NAME.match(name) or name in (".", ".."):
         raise LaunchError("job name %r: use letters, digits, '.', '_' and '-' (it names a directory)" % (name,))
     return name
+
+
+def validate_sidecar_name(name):
+    if not isinstance(name, str) or not _JOB_NAME.match(name) or name in (".", ".."):
+        raise LaunchError("sidecar name %r: use letters, digits, '.', '_' and '-' starting with a letter or digit "
+                          "(it names the sidecar's log and pid files in the job's state directory)" % (name,))
+    return name
+
+
+def validate_regex(option, pattern):
+    """A log marker must compile before the job starts (a bad one used to crash after the start)."""
+    if not pattern:
+        return pattern
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise LaunchError("%s %r is not a valid regular expression (%s): fix it (Python re syntax; escape "
+                          "literal ( ) [ ] . * + ? with a backslash)" % (option, pattern, e))
+    return pattern
 
 
 def validate_topology(nnodes, nproc_per_node, node_rank, master_port):
@@ -163,6 +185,34 @@ def validate_env(env):
     return {str(k): "" if v is None else str(v) for k, v in env.items()}
 
 
+def looks_secret(name):
+    """True when an environment variable's name looks like it holds a secret (token, password, key, ...)."""
+    return bool(SECRET_NAME.search(str(name)))
+
+
+def redact_env(env):
+    """env with the values of secret-looking names replaced by REDACTED (what a module result may show)."""
+    return dict((k, REDACTED if looks_secret(k) and v != "" else v) for k, v in (env or {}).items())
+
+
+def parse_secret_env(text, source="secret env file"):
+    """KEY=value lines, taken literally (no quotes removed, no 'export': the format docker exec --env-file
+    reads); blank lines and # comments are skipped. Returns (env, problems); a problem names the line number
+    only, never its text."""
+    env, problems = {}, []
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.rstrip("\r")
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            problems.append("%s line %d is not KEY=value (KEY: letters, digits and _; the value is not shown)"
+                            % (source, n))
+            continue
+        env[key] = value
+    return env, problems
+
+
 def merge_env(file_envs, extra_env, resume_path=None, token=None):
     """What the job sees on top of the process environment: env files in order, then extra env, then
     TRAINYARD_RESUME_FROM and the launch token."""
@@ -254,6 +304,19 @@ def parse_state(text):
     sidecars = data.setdefault("sidecars", [])
     if not isinstance(sidecars, list) or not all(isinstance(s, dict) for s in sidecars):
         raise ValueError("field 'sidecars' is not a list of objects")
+    for i, sc in enumerate(sidecars):
+        for key in ("pid", "pgid", "start_ticks"):
+            if sc.get(key) is not None and (not isinstance(sc[key], int) or isinstance(sc[key], bool)):
+                raise ValueError("field 'sidecars[%d].%s' is not an integer" % (i, key))
+        for key in ("name", "token", "log"):
+            if sc.get(key) is not None and not isinstance(sc[key], str):
+                raise ValueError("field 'sidecars[%d].%s' is not a string" % (i, key))
+    for key in ("torchrun_pid", "master_port", "node_rank"):
+        if data.get(key) is not None and (not isinstance(data[key], int) or isinstance(data[key], bool)):
+            raise ValueError("field %r is not an integer" % key)
+    for key in ("token", "fingerprint", "exit_file", "resume_from"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError("field %r is not a string" % key)
     data.setdefault("token", None)
     data.setdefault("fingerprint", None)
     data.setdefault("runtime", "host")
@@ -604,9 +667,20 @@ def stat(pid):
 
 def write_json(path, data):
     tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
         json.dump(data, f)
     os.rename(tmp, path)
+
+
+def secret_env(path):
+    """KEY=value lines taken literally (the module checked the file: 0600, every line KEY=value)."""
+    env = {}
+    with open(path) as f:
+        for line in f.read().split("\n"):
+            k, sep, v = line.rstrip("\r").partition("=")
+            if sep and k and not k.lstrip().startswith("#"):
+                env[k] = v
+    return env
 
 
 def env_file(path):
@@ -662,10 +736,12 @@ def main():
     for path in spec.get("env_files", []):
         env.update(env_file(path))
     env.update(spec.get("env", {}))
+    if spec.get("secret_env_file"):
+        env.update(secret_env(spec["secret_env_file"]))
     env[TOKEN_ENV] = spec["token"]
     if not spec.get("resume_from"):
         env.pop("TRAINYARD_RESUME_FROM", None)
-    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)

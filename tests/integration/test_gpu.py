@@ -79,6 +79,7 @@ FAULTS = [
     ("fabricmanager=580.95.05", "fabricmanager.version", r"fabric manager 580\.95\.05, driver 580\.159\.04"),
     ("error", "nvidia_driver.smi", r"{node}: the NVIDIA kernel module is not loaded.*exit 9"),
     ("nvlink=down@1", "fabricmanager.nvlink", r"GPU 1 \(00000000:00:07\.0\): 18 of 18 NVLinks inactive"),
+    ("mig=Enabled@1", "nvidia_driver.mig", r"GPU 1 \(00000000:00:07\.0\): MIG Enabled \(1 MIG device\)"),
 ]
 
 

@@ -259,3 +259,76 @@ def test_clean_node_changes_nothing(tmp_path):
                               "patterns": {str(tmp_path): ["torch_*"]}})
     assert status.endswith("SUCCESS") and res["changed"] is False
     assert res["found"]["state"]["present"] is False and res["port"]["free"] is True
+
+
+MANAGER = textwrap.dedent("""
+    import multiprocessing.managers, sys
+    # The manager's server in this process (no child to outlive the test): a unix socket in <TMPDIR>/pymp-*/.
+    server = multiprocessing.managers.SyncManager().get_server()
+    open(sys.argv[1], "w").write(server.address)
+    server.serve_forever()
+""")
+SOCKET_SERVER = textwrap.dedent("""
+    import os, socket, sys, time
+    os.makedirs(sys.argv[1])
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.path.join(sys.argv[1], "server.sock")); s.listen()
+    open(sys.argv[2], "w").close()
+    time.sleep(600)
+""")
+
+
+def test_reset_spares_what_live_processes_hold_by_socket_cwd_or_mmap(crashed_job, tmp_path):
+    """Live processes outside the job, started during it by the same user: a multiprocessing manager (its
+    pymp-* directory holds only a listening unix socket), a unix socket server, a process whose working
+    directory is a leftover-looking directory, and one that maps a file. None holds an fd on the path."""
+    j = crashed_job
+    shm = j["shm"]
+    env = dict(os.environ, TMPDIR=str(shm))
+    procs = [subprocess.Popen([sys.executable, "-c", MANAGER, str(tmp_path / "addr")], env=env),
+             subprocess.Popen([sys.executable, "-c", SOCKET_SERVER, str(shm / "torchelastic_srv"),
+                               str(tmp_path / "srv-ready")])]
+    (shm / "torchelastic_cwd").mkdir()
+    procs.append(subprocess.Popen(["sleep", "600"], cwd=shm / "torchelastic_cwd"))
+    (shm / "torch_mapped").write_bytes(b"\0" * 4096)
+    procs.append(subprocess.Popen([sys.executable, "-c", "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); "
+                                   "m = mmap.mmap(f.fileno(), 4096); f.close(); open(sys.argv[2], 'w').close(); "
+                                   "time.sleep(600)", str(shm / "torch_mapped"), str(tmp_path / "map-ready")]))
+    try:
+        for _ in range(400):
+            if all((tmp_path / n).exists() for n in ("addr", "srv-ready", "map-ready")):
+                break
+            time.sleep(0.05)
+        pymp = Path((tmp_path / "addr").read_text()).parent
+        assert pymp.parent == shm and pymp.name.startswith("pymp-")
+        spared = {pymp, shm / "torchelastic_srv", shm / "torchelastic_cwd", shm / "torch_mapped"}
+        args = args_for(j, patterns={str(shm): ["torch_*", "nccl-*", ".torch_distributed_*", "pymp-*",
+                                                "torchelastic_*"]})
+        status, res = run_module(args)
+        assert not alive(j["worker"])  # the job itself is cleaned
+        kept = {k["path"]: k["why"] for k in res["kept"]}
+        assert {str(p) for p in spared} <= set(kept), res
+        assert all(p.exists() for p in spared)
+        assert f"PID {procs[0].pid}" in kept[str(pymp)] or "unix socket" in kept[str(pymp)], kept[str(pymp)]
+        assert f"PID {procs[1].pid}" in kept[str(shm / "torchelastic_srv")]
+        assert f"PID {procs[2].pid}" in kept[str(shm / "torchelastic_cwd")]
+        assert f"PID {procs[3].pid}" in kept[str(shm / "torch_mapped")]
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("text", ['{"pid": "1; rm -rf /", "start_ticks": "x", "pgid": "y", "sidecars": "z"}',
+                                  '{"pid": 1, "start_ticks": 1, "pgid": 1, "sidecars": [{"pid": [], "start_ticks": {}}]}',
+                                  '[1, 2', '"just a string"'])
+def test_forged_or_torn_state_is_named_and_never_crashes(tmp_path, text):
+    (tmp_path / "state" / "train").mkdir(parents=True)
+    (tmp_path / "state" / "train" / "launch.json").write_text(text)
+    status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
+                              "patterns": {str(tmp_path): ["torch_*"]}})
+    assert status.endswith("SUCCESS"), res
+    assert res["changed"] is False and res["found"]["processes"] == []
+    (problem,) = res["found"]["state"]["problems"]
+    assert "launch.json is unreadable" in problem and "not cleaned" in problem and "remove it" in problem

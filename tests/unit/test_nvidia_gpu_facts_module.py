@@ -64,3 +64,16 @@ def test_no_fabric_manager_and_no_nvlink_call(tmp_path):
     res = run_module(tmp_path, args="nvlink=false", faults=["fabricmanager=absent"])
     f = res["nvidia_gpu_facts"]
     assert f["fabricmanager_version"] is None and f["gpus"][0]["nvlink"] is None
+
+
+def test_bytes_that_are_not_utf8_do_not_crash_the_module(tmp_path):
+    res = run_module(tmp_path, faults=["bad-bytes"])
+    assert not res["failed"], res
+    f = res["nvidia_gpu_facts"]
+    assert f["gpu_count"] == 4 and f["gpus"][0]["name"] == "NVIDIA H200 \ufffd\ufffd\ufffd"
+
+
+def test_mig_mode_reaches_the_facts(tmp_path):
+    f = run_module(tmp_path, faults=["mig=Enabled@2"])["nvidia_gpu_facts"]
+    assert [g["mig_mode"] for g in f["gpus"]] == ["Disabled", "Disabled", "Enabled", "Disabled"]
+    assert [g["mig_devices"] for g in f["gpus"]] == [0, 0, 1, 0]

@@ -193,7 +193,7 @@ def test_healthy_node_passes_every_driver_check_and_records_the_rank_map():
     recs = records_for(healthy_cluster())
     assert {k: r["status"] for k, r in recs.items()} == {k: "pass" for k in recs}
     assert set(recs) == {"nvidia_driver." + n for n in ("smi", "version", "drift", "gpu_count", "pci_unique",
-                                                         "uuid_unique", "gpu_map", "device_order")}
+                                                         "uuid_unique", "gpu_map", "mig", "device_order")}
     gmap = recs["nvidia_driver.gpu_map"]["data"]["gpu_map"]
     assert [(m["local_rank"], m["index"], m["pci_bus_id"]) for m in gmap] == [
         (i, i, f"00000000:00:0{6 + i}.0") for i in range(4)]
@@ -355,3 +355,45 @@ def test_inactive_nvlinks_fail():
     f["gpus"][1]["nvlink"] = {"links": 18, "active": 0, "inactive": 18, "gbps": 0.0}
     r = fm_records(f)["fabricmanager.nvlink"]
     assert r["status"] == "fail" and "GPU 1 (00000000:00:07.0): 18 of 18 NVLinks inactive" in r["detail"]
+
+
+# ----------------------------------------------------------------------------------------------- MIG
+def test_mig_mode_is_parsed_with_its_devices():
+    gpus = ns.parse_query_xml(xml("mig-enabled-gpu1.xml"))["gpus"]
+    assert [(g["mig_mode"], g["mig_pending"], g["mig_devices"]) for g in gpus] == [
+        ("Disabled", "Disabled", 0), ("Enabled", "Enabled", 1), ("Disabled", "Disabled", 0),
+        ("Disabled", "Disabled", 0)]
+
+
+def test_mig_enabled_gpu_fails_the_node_with_the_command_that_turns_it_off():
+    c = healthy_cluster()
+    c["n2"] = facts_of("mig-enabled-gpu1.xml")
+    recs = records_for(c)
+    mig = recs["nvidia_driver.mig"]
+    assert mig["status"] == "fail" and "GPU 1 (00000000:00:07.0): MIG Enabled (1 MIG device)" in mig["detail"]
+    assert "nvidia-smi -i 1 -mig 0" in mig["fix"] and "n2" in mig["fix"]
+    # The rank map assigns whole GPUs: it is not a valid map on this node.
+    assert recs["nvidia_driver.gpu_map"]["status"] == "fail"
+    assert "MIG" in recs["nvidia_driver.gpu_map"]["detail"]
+    assert records_for(c, "n1")["nvidia_driver.mig"]["status"] == "pass"
+
+
+def test_pending_mig_mode_fails_too():
+    c = healthy_cluster()
+    c["n2"]["gpus"][3]["mig_pending"] = "Enabled"
+    mig = records_for(c)["nvidia_driver.mig"]
+    assert mig["status"] == "fail" and "GPU 3" in mig["detail"] and "pending" in mig["detail"]
+    assert "nvidia-smi -i 3 -mig 0" in mig["fix"]
+
+
+def test_gpus_without_mig_support_pass():
+    c = healthy_cluster()
+    for g in c["n2"]["gpus"]:
+        g["mig_mode"] = g["mig_pending"] = None
+    assert records_for(c)["nvidia_driver.mig"]["status"] == "pass"
+
+
+def test_non_utf8_bytes_in_the_xml_are_replaced_not_fatal():
+    raw = xml("nvidia-smi-q.xml").replace("NVIDIA H200", "NVIDIA H200 \udcff\udcfe", 1)
+    f = ns.parse_query_xml(raw)
+    assert f["gpus"][0]["name"].startswith("NVIDIA H200 ") and len(f["gpus"]) == 4

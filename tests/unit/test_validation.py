@@ -199,3 +199,72 @@ def test_container_off_with_the_docker_runtime_is_stopped():
     assert "on all 3 trainers (container_enabled = false)" in problems[0] and "launch_runtime: host" in problems[0]
     assert run(three(container_enabled=False, launch_runtime="host")) == []
     assert run(three(container_enabled=True)) == []
+
+
+# ----------------------------------------------------------------------------------- dangerous paths
+@pytest.mark.parametrize("var,value,norm", [
+    ("cluster_output_root", "//", "/"),
+    ("cluster_output_root", "/tmp/", "/tmp"),
+    ("cluster_output_root", "/srv/../tmp", "/tmp"),
+    ("cluster_output_root", "/dev/./shm", "/dev/shm"),
+    ("cluster_state_dir", "/var/lib/", "/var/lib"),
+    ("cluster_shared_root", "/home//", "/home"),
+    ("cluster_code_dir", "/usr/./", "/usr"),
+    ("janitor_root", "/etc/../etc", "/etc"),
+    ("janitor_root", "/var/tmp", "/var/tmp"),
+    ("janitor_root", "/lib64", "/lib64"),
+    ("launch_log", "/proc/self/fd/1", "/proc/self/fd/1"),
+    ("nccl_env_dir", "/opt", "/opt"),
+    ("deepspeed_config_dir", "/root/", "/root"),
+])
+def test_dangerous_path_spellings_are_stopped(var, value, norm):
+    (line,) = run(three(**{var: value}))
+    assert line.startswith(f"Stop if {var} ") and repr(value) in line and f"normalises to {norm}" in line
+    assert "Fix: " in line and "on all 3 trainers" in line
+
+
+@pytest.mark.parametrize("var,value", [("cluster_output_root", "srv/outputs"), ("janitor_root", "./out"),
+                                       ("launch_log", "torchrun.log"), ("cluster_state_dir", "~/state")])
+def test_relative_paths_are_stopped(var, value):
+    (line,) = run(three(**{var: value}))
+    assert line.startswith(f"Stop if {var} is not an absolute path") and repr(value) in line
+
+
+def test_container_mount_sources_and_env_files_are_paths_too():
+    problems = run(three(container_mounts_extra=[{"source": "/etc/", "target": "/host-etc"}],
+                         launch_env_files=["/srv/x.env", "relative.env"]))
+    assert any(p.startswith("Stop if container_mounts_extra[0].source ") and "normalises to /etc" in p
+               for p in problems)
+    assert any(p.startswith("Stop if launch_env_files[1] is not an absolute path") for p in problems)
+    assert len(problems) == 2
+
+
+@pytest.mark.parametrize("var,value", [("cluster_output_root", "/tmp/trainyard/outputs"),
+                                       ("janitor_root", "/srv/outputs/"), ("cluster_state_dir", "/var/lib/trainyard"),
+                                       ("cluster_output_root", "/dev/shm/job"), ("cluster_run_dir", "runs/x"),
+                                       ("container_env_file", ""), ("train_args_model_name_or_path", "org/model")])
+def test_paths_below_system_roots_and_non_paths_pass(var, value):
+    assert run(three(**{var: value})) == []
+
+
+# ----------------------------------------------------------------------------------- secrets in messages
+@pytest.mark.parametrize("var", ["launch_hf_tokn", "launch_wandb_api_key", "container_registry_pasword",
+                                 "cluster_secret", "launch_passwd", "nccl_env_auth_header"])
+def test_unknown_variables_are_named_but_their_values_are_not_printed(var):
+    (line,) = run(three(**{var: "hunter2-s3cr3t"}))
+    assert line.startswith(f"Stop if {var} is not a variable") and "hunter2-s3cr3t" not in line
+
+
+@pytest.mark.parametrize("var", ["launch_secret_env", "cluster_api_token"])
+def test_known_secret_looking_variables_of_the_wrong_type_hide_their_value(var):
+    roles = {"launch": {"options": {"launch_secret_env": {"type": "dict"}}, "defaults": set()},
+             "cluster": {"options": {"cluster_api_token": {"type": "int"}}, "defaults": set()}}
+    (line,) = run(three(**{var: "hunter2-s3cr3t"}), roles=roles)
+    assert var in line and "hunter2-s3cr3t" not in line and "<hidden>" in line
+
+
+def test_secret_values_inside_mappings_are_not_printed():
+    problems = run(three(launch_env=["HF_TOKEN=hunter2-s3cr3t"], launch_secret_env={"HF_TOKEN": ["hunter2-s3cr3t"]}))
+    assert problems and not any("hunter2-s3cr3t" in p for p in problems)
+    problems = run(three(cluster_preflight={"min_free_gb": 1, "api_token": "hunter2-s3cr3t"}))
+    assert problems and not any("hunter2-s3cr3t" in p for p in problems)

@@ -1,0 +1,52 @@
+"""launch_secret_env on the simulated cluster (runtime docker): a secret from an ansible-vault file reaches the job's
+environment on every node and appears in no -v output, no module result, no file on the controller, and no file
+of the job's state directory (launch.json, the launch spec, the log); reset.yml's entry point removes it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import REPO, VENV_BIN
+
+PLAYBOOK = "tests/integration/playbooks/launch.yml"
+STATE = "/var/lib/trainyard/train"
+SECRET = "hf_sim-S3cr3t-from-the-vault"
+ARGV = ["--steps", "400", "--save-every", "50", "--sleep", "0.2", "--output-root", "/srv/outputs"]
+
+
+def test_vaulted_secret_reaches_every_node_and_nothing_else(cluster, tmp_path):
+    pw = tmp_path / "vault-pass"
+    pw.write_text("trainyard-test-vault\n")
+    vars_file = tmp_path / "secrets.yml"
+    vars_file.write_text(f"launch_secret_env:\n  HF_TOKEN: {SECRET}\n")
+    subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(pw), str(vars_file)],
+                   check=True, cwd=REPO, capture_output=True)
+    assert SECRET not in vars_file.read_text()
+    extra = ["-v", "--vault-password-file", str(pw), "-e", f"@{vars_file}", "-e", f"cluster_run_dir={tmp_path}/run",
+             "-e", json.dumps({"launch_example_argv": ARGV, "launch_resume_from": ""})]
+    try:
+        r = cluster.playbook(PLAYBOOK, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+        assert r.returncode == 0, r.stdout[-3000:]
+        r = cluster.playbook(PLAYBOOK, *extra)
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert SECRET not in r.stdout and "HF_TOKEN" in r.stdout  # the name is shown (secret_env), not the value
+        controller = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()
+                             and p != vars_file)
+        assert SECRET not in controller
+        for node in cluster.nodes:
+            state = json.loads(cluster.exec(node, ["cat", f"{STATE}/launch.json"]).stdout)
+            environ = cluster.exec(node, ["cat", f"/proc/{state['pid']}/environ"]).stdout.split("\0")
+            assert f"HF_TOKEN={SECRET}" in environ, node  # the job's launcher (and torchrun below it) has it
+            found = cluster.exec(node, ["grep", "-rl", SECRET, STATE], check=False)
+            assert found.returncode == 1 and found.stdout == "", (node, found.stdout)
+            modes = cluster.exec(node, ["stat", "-c", "%a %n", "/run/trainyard/train", "/run/trainyard/train/secret.env",
+                                        STATE, f"{STATE}/launch.json"]).stdout.split()
+            assert modes[0::2] == ["700", "600", "750", "640"], (node, modes)
+        r = cluster.playbook("playbooks/status.yml", "-v")
+        assert SECRET not in r.stdout
+    finally:
+        r = cluster.playbook(PLAYBOOK, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+    assert r.returncode == 0, r.stdout[-3000:]
+    for node in cluster.nodes:
+        assert cluster.exec(node, ["test", "-e", "/run/trainyard/train/secret.env"], check=False).returncode == 1
