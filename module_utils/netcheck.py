@@ -50,10 +50,12 @@ def parse_ip_addr(records):
         operstate = rec.get("operstate") or "UNKNOWN"
         admin_up = "UP" in flags
         carrier = "LOWER_UP" in flags or operstate == "UP"
-        ipv4, ipv6 = [], []
+        ipv4, ipv6, nets = [], [], []
         for a in rec.get("addr_info") or []:
             if a.get("family") == "inet":
                 ipv4.append(a.get("local"))
+                if a.get("local") and a.get("prefixlen") is not None:
+                    nets.append("%s/%s" % (a["local"], a["prefixlen"]))
             elif a.get("family") == "inet6":
                 ipv6.append(a.get("local"))
         out[name] = {
@@ -68,8 +70,32 @@ def parse_ip_addr(records):
             "master": rec.get("master") or "",
             "ipv4": [a for a in ipv4 if a],
             "ipv6": [a for a in ipv6 if a],
+            "nets": nets,
         }
     return out
+
+
+def _ipv4_int(text):
+    parts = str(text).split(".")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
+        return None
+    return (int(parts[0]) << 24) | (int(parts[1]) << 16) | (int(parts[2]) << 8) | int(parts[3])
+
+
+def on_link(link, address):
+    """Whether IPv4 ``address`` is inside a subnet of one of ``link``'s addresses (reachable without a router)."""
+    addr = _ipv4_int(address)
+    if addr is None:
+        return False
+    for net in (link or {}).get("nets") or []:
+        local, _, prefix = net.partition("/")
+        base = _ipv4_int(local)
+        if base is None or not prefix.isdigit():
+            continue
+        mask = (0xFFFFFFFF << (32 - int(prefix))) & 0xFFFFFFFF if int(prefix) else 0
+        if base & mask == addr & mask:
+            return True
+    return False
 
 
 def iface_holding(links, address):
@@ -113,7 +139,10 @@ def select_iface(links, requested="", route=None, head_address="", own_address="
 
     * ``requested`` (cluster_data_iface) when set: it must exist, be up and not be loopback/virtual;
     * otherwise the interface whose route reaches the head's data address; on the head itself (where the
-      route to its own address says ``lo``) the interface that holds the address.
+      route to its own address says ``lo``) the interface that holds the address;
+    * but when another (usable) interface holds this node's own data address and the head's data address is
+      on its subnet, that one: an overlay address given as ``data_address`` is never traded for the interface
+      of another route (an internet bridge's default route or a wider route over it).
 
     The node's own data address (``own_address``) must sit on the chosen interface.
     Returns {iface, address, mtu, reason, errors: [..], warnings: [..]}.
@@ -144,6 +173,13 @@ def select_iface(links, requested="", route=None, head_address="", own_address="
             iface = route.get("dev")
             reason = "route to the head's data address %s%s" % (
                 head_address, " via %s" % route["gateway"] if route.get("gateway") else "")
+            own = iface_holding(links, own_address)
+            if own and own != iface and not excluded_reason(own) and on_link(links[own], head_address):
+                # The node's data address (an overlay address on a rented container) names the interface: the
+                # route may leave by another NIC (the internet bridge's default route), never chosen over it.
+                warnings.append("the route to the head's data address %s leaves by %s, not by %s, which holds "
+                                "this node's data address %s" % (head_address, iface, own, own_address))
+                iface, reason = own, "holds this node's data address %s" % own_address
             if iface not in links:
                 errors.append("the route to %s uses %s, which is not a listed interface" % (head_address, iface))
                 iface = None
