@@ -89,11 +89,11 @@ options:
 
 EXAMPLES = r"""
 # inventory/mycluster/cluster.vast_instances.yml, after
-#   vastai show instances --raw > inventory/mycluster/instances.json
-#   vastai show overlays --raw > inventory/mycluster/overlays.json
+#   vastai show instances --raw > inventory/mycluster/instances.vast.json
+#   vastai show overlays --raw > inventory/mycluster/overlays.vast.json
 plugin: vast_instances
-instances_file: instances.json
-overlays_file: overlays.json
+instances_file: instances.vast.json
+overlays_file: overlays.vast.json
 overlay: trainnet
 order_by: label
 """

@@ -335,6 +335,15 @@ def ifupdown_set_mtu(text, iface, mtu):
     return "".join(out), found
 
 
+def cluster_mtu(configured, measured):
+    """The MTU the cluster proves: cluster_data_mtu, or with 0 ("measure it") the smallest data interface MTU
+    measured on the nodes (an overlay's MTU is often below 1500: it is read, never assumed). None: none measured."""
+    if int(configured or 0) > 0:
+        return int(configured)
+    values = [int(m) for m in measured if m not in (None, "") and int(m) > 0]
+    return min(values) if values else None
+
+
 def mtu_verdict(host, iface, current, expected, managed, changed=False):
     """(ok, detail, fix) for the data interface's MTU after the role had its chance to set it."""
     if current == expected:
@@ -392,6 +401,11 @@ def parse_ping(rc, stdout, stderr):
     return {"ok": False, "outcome": outcome, "mtu_hint": mtu_hint, "message": message}
 
 
+def base_size(expected):
+    """The small probe's payload: 1472 (any Ethernet path), less on a network below 1500 (an overlay)."""
+    return min(BASE_PAYLOAD, int(expected) - ICMP_OVERHEAD)
+
+
 def path_matrix(probes_by_src):
     """{src: {dst: {full: {ok..}, base: {ok..}}}} -> {'path_mtu': {src: {dst: bool}}, 'path_base': ...}."""
     full, base = {}, {}
@@ -410,6 +424,7 @@ def diagnose_pair(src, dst, probe, mtus, expected, ifaces=None):
     full = probe.get("full") or {}
     base = probe.get("base") or {}
     payload = expected - ICMP_OVERHEAD
+    base_payload = base_size(expected)
     if full.get("ok") and base.get("ok"):
         return None
     smtu, dmtu = mtus.get(src), mtus.get(dst)
@@ -418,19 +433,19 @@ def diagnose_pair(src, dst, probe, mtus, expected, ifaces=None):
     if not base.get("ok"):
         what = base.get("outcome") or "lost"
         detail = "%s -> %s: even a %d-byte ping fails (%s%s); %s" % (
-            src, dst, BASE_PAYLOAD, what, ": " + base["message"] if base.get("message") else "", seen)
+            src, dst, base_payload, what, ": " + base["message"] if base.get("message") else "", seen)
         if what == "blocked":
             fix = ("on %s: the route to %s is a blackhole/prohibit route or a firewall rejects ICMP: check "
                    "`ip route get %s` and the firewall on both nodes" % (src, dst, probe.get("address", dst)))
         else:
             fix = ("no data path from %s to %s: check cabling/VLAN/addressing of %s and %s, the firewall "
                    "(ICMP echo), and `ip route get %s` on %s" % (src, dst, sif, dif, probe.get("address", dst), src))
-        return {"src": src, "dst": dst, "payload": BASE_PAYLOAD, "what": what, "detail": detail, "fix": fix}
+        return {"src": src, "dst": dst, "payload": base_payload, "what": what, "detail": detail, "fix": fix}
     what = full.get("outcome") or "lost"
     low = [h for h, m in ((src, smtu), (dst, dmtu)) if m is not None and m < expected]
     detail = "%s -> %s: %d-byte don't-fragment ping %s, %d bytes pass; %s (cluster_data_mtu %d)" % (
         src, dst, payload, "lost" if what == "lost" else "fails (%s)" % (full.get("message") or what),
-        BASE_PAYLOAD, seen, expected)
+        base_payload, seen, expected)
     if low:
         fix = "; ".join("on %s: ip link set dev %s mtu %d" % (h, ifaces.get(h) or "<data iface>", expected)
                         for h in low) + " (or let the role manage it: network_manage_mtu: true)"

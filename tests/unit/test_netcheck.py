@@ -404,3 +404,16 @@ def test_on_link_reads_the_prefix():
     ls = links(RENTED)
     assert nc.on_link(ls["eth0"], "10.0.0.200") and not nc.on_link(ls["eth0"], "10.0.1.1")
     assert nc.on_link(ls["eth1"], "172.17.0.200") and not nc.on_link(ls["eth1"], "fd00::1")
+
+
+def test_an_overlay_below_1500_is_probed_within_its_mtu():
+    assert nc.base_size(9000) == 1472 and nc.base_size(1500) == 1472 and nc.base_size(1450) == 1422
+    lost = {"full": {"ok": True}, "base": {"ok": False, "outcome": "lost"}}
+    d = nc.diagnose_pair("a", "b", lost, {"a": 1450, "b": 1450}, 1450)
+    assert "even a 1422-byte ping fails" in d["detail"] and d["payload"] == 1422
+
+
+def test_cluster_mtu_measures_when_zero():
+    assert nc.cluster_mtu(9000, [1450, 1500]) == 9000
+    assert nc.cluster_mtu(0, [1450, 1500, None]) == 1450
+    assert nc.cluster_mtu(0, [None, ""]) is None
