@@ -7,7 +7,8 @@ Run under torchrun (torchrun_launch does that on every node)::
         ddp_train.py --steps 200 --save-every 10 --sleep 0.2 --output-root /srv/outputs
 
 What it shows the launcher:
-  * ``trainyard: rendezvous done rank=R world=W`` once the process group is up, and
+  * ``trainyard: rendezvous done rank=R world=W ...`` once the process group is up (with the interfaces gloo and
+    NCCL were given), and
     ``trainyard: first step done step=N`` after its first optimizer step (the launch module's first-step
     marker);
   * checkpoints every ``--save-every`` steps as ``<output-root>/checkpoint-<step>/`` in the HF Trainer layout:
@@ -109,8 +110,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    log("rendezvous done rank=%d world=%d node=%s local_rank=%s" % (
-        rank, world, os.environ.get("GROUP_RANK", "?"), os.environ.get("LOCAL_RANK", "?")))
+    log("rendezvous done rank=%d world=%d node=%s local_rank=%s gloo_socket_ifname=%s nccl_socket_ifname=%s" % (
+        rank, world, os.environ.get("GROUP_RANK", "?"), os.environ.get("LOCAL_RANK", "?"),
+        os.environ.get("GLOO_SOCKET_IFNAME") or "-", os.environ.get("NCCL_SOCKET_IFNAME") or "-"))
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(),
                                 torch.nn.Linear(args.hidden, 1))

@@ -82,8 +82,10 @@ docker:
   type: dict
 ansible_facts:
   description:
-    - C(trainyard_init) C({systemd, pid1}) - whether systemd runs the node (/run/systemd/system is a directory) and
-      PID 1's name. Later roles of the run (fabric manager, janitor) read it instead of probing again.
+    - C(trainyard_init) C({systemd, pid1, container, container_evidence}) - whether systemd runs the node
+      (/run/systemd/system is a directory), PID 1's name, and the engine when the node is itself a container
+      (C(docker), C(podman), C(lxc), C(kubernetes), C(containerd), ... or null), with what showed it. Later roles of
+      the run (cluster, fabric manager, janitor, network) read it instead of probing again.
   returned: unless clock_only
   type: dict
 """
@@ -167,6 +169,38 @@ def docker_facts(sock_path: str, timeout: float) -> dict:
     return out
 
 
+def read_text(path: str, limit: int = 65536) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_CGROUP_ENGINES = (("kubepods", "kubernetes"), ("docker", "docker"), ("libpod", "podman"), ("lxc", "lxc"),
+                   ("containerd", "containerd"), ("crio", "cri-o"))
+
+
+def container_engine(dockerenv: bool, containerenv: bool, pid1_environ: str, cgroup: str) -> tuple:
+    """(engine or None, evidence): whether this node is itself a container, from what the engines leave behind.
+
+    /.dockerenv (docker), /run/.containerenv (podman), PID 1's `container=` variable (podman, lxc,
+    systemd-nspawn), then the cgroup path of PID 1 (cgroup v1, or a v2 path that names the engine)."""
+    if dockerenv:
+        return "docker", "/.dockerenv exists"
+    if containerenv:
+        return "podman", "/run/.containerenv exists"
+    for item in pid1_environ.split("\0"):
+        if item.startswith("container=") and item[len("container="):]:
+            return item[len("container="):], "PID 1 has " + item
+    for line in cgroup.splitlines():
+        path = line.split(":", 2)[-1]
+        for marker, engine in _CGROUP_ENGINES:
+            if marker in path:
+                return engine, "cgroup of PID 1 is " + path
+    return None, ""
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -188,6 +222,8 @@ def main() -> None:
             pid1 = f.read().strip()
     except OSError:
         pid1 = None
+    engine, evidence = container_engine(os.path.exists("/.dockerenv"), os.path.exists("/run/.containerenv"),
+                                        read_text("/proc/1/environ"), read_text("/proc/1/cgroup"))
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     module.exit_json(
@@ -201,7 +237,8 @@ def main() -> None:
                 "nofile_soft": unlimited(nofile[0]), "nofile_hard": unlimited(nofile[1])},
         docker=docker_facts(p["docker_socket"], p["timeout"]),
         # For the roles after this one in the run (fabric manager, janitor): no second probe of the init system.
-        ansible_facts={"trainyard_init": {"systemd": os.path.isdir("/run/systemd/system"), "pid1": pid1}},
+        ansible_facts={"trainyard_init": {"systemd": os.path.isdir("/run/systemd/system"), "pid1": pid1,
+                                          "container": engine, "container_evidence": evidence}},
     )
 
 

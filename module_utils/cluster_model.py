@@ -650,9 +650,10 @@ def _check_cluster_values(h: str, head: str, hosts: list[str], typed: Mapping, h
         return var in defaults and not _templated(defaults.get(var)), defaults.get(var)
 
     ok, mtu = val("cluster_data_mtu")
-    if ok and isinstance(mtu, int) and not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]:
+    if ok and isinstance(mtu, int) and mtu != 0 and not MTU_RANGE[0] <= mtu <= MTU_RANGE[1]:
         problems.append(Problem(f"cluster_data_mtu is outside {MTU_RANGE[0]}–{MTU_RANGE[1]}",
-                                "set cluster_data_mtu to 9000 (jumbo frames) or 1500", "cluster_data_mtu", mtu,
+                                "set cluster_data_mtu to 9000 (jumbo frames) or 1500, or 0 to measure it (an overlay)",
+                                "cluster_data_mtu", mtu,
                                 [h], True))
     ok, port = val("cluster_rendezvous_port")
     if ok and isinstance(port, int) and not PORT_RANGE[0] <= port <= PORT_RANGE[1]:

@@ -50,10 +50,12 @@ def parse_ip_addr(records):
         operstate = rec.get("operstate") or "UNKNOWN"
         admin_up = "UP" in flags
         carrier = "LOWER_UP" in flags or operstate == "UP"
-        ipv4, ipv6 = [], []
+        ipv4, ipv6, nets = [], [], []
         for a in rec.get("addr_info") or []:
             if a.get("family") == "inet":
                 ipv4.append(a.get("local"))
+                if a.get("local") and a.get("prefixlen") is not None:
+                    nets.append("%s/%s" % (a["local"], a["prefixlen"]))
             elif a.get("family") == "inet6":
                 ipv6.append(a.get("local"))
         out[name] = {
@@ -68,8 +70,32 @@ def parse_ip_addr(records):
             "master": rec.get("master") or "",
             "ipv4": [a for a in ipv4 if a],
             "ipv6": [a for a in ipv6 if a],
+            "nets": nets,
         }
     return out
+
+
+def _ipv4_int(text):
+    parts = str(text).split(".")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
+        return None
+    return (int(parts[0]) << 24) | (int(parts[1]) << 16) | (int(parts[2]) << 8) | int(parts[3])
+
+
+def on_link(link, address):
+    """Whether IPv4 ``address`` is inside a subnet of one of ``link``'s addresses (reachable without a router)."""
+    addr = _ipv4_int(address)
+    if addr is None:
+        return False
+    for net in (link or {}).get("nets") or []:
+        local, _, prefix = net.partition("/")
+        base = _ipv4_int(local)
+        if base is None or not prefix.isdigit():
+            continue
+        mask = (0xFFFFFFFF << (32 - int(prefix))) & 0xFFFFFFFF if int(prefix) else 0
+        if base & mask == addr & mask:
+            return True
+    return False
 
 
 def iface_holding(links, address):
@@ -113,7 +139,10 @@ def select_iface(links, requested="", route=None, head_address="", own_address="
 
     * ``requested`` (cluster_data_iface) when set: it must exist, be up and not be loopback/virtual;
     * otherwise the interface whose route reaches the head's data address; on the head itself (where the
-      route to its own address says ``lo``) the interface that holds the address.
+      route to its own address says ``lo``) the interface that holds the address;
+    * but when another (usable) interface holds this node's own data address and the head's data address is
+      on its subnet, that one: an overlay address given as ``data_address`` is never traded for the interface
+      of another route (an internet bridge's default route or a wider route over it).
 
     The node's own data address (``own_address``) must sit on the chosen interface.
     Returns {iface, address, mtu, reason, errors: [..], warnings: [..]}.
@@ -144,6 +173,13 @@ def select_iface(links, requested="", route=None, head_address="", own_address="
             iface = route.get("dev")
             reason = "route to the head's data address %s%s" % (
                 head_address, " via %s" % route["gateway"] if route.get("gateway") else "")
+            own = iface_holding(links, own_address)
+            if own and own != iface and not excluded_reason(own) and on_link(links[own], head_address):
+                # The node's data address (an overlay address on a rented container) names the interface: the
+                # route may leave by another NIC (the internet bridge's default route), never chosen over it.
+                warnings.append("the route to the head's data address %s leaves by %s, not by %s, which holds "
+                                "this node's data address %s" % (head_address, iface, own, own_address))
+                iface, reason = own, "holds this node's data address %s" % own_address
             if iface not in links:
                 errors.append("the route to %s uses %s, which is not a listed interface" % (head_address, iface))
                 iface = None
@@ -299,6 +335,15 @@ def ifupdown_set_mtu(text, iface, mtu):
     return "".join(out), found
 
 
+def cluster_mtu(configured, measured):
+    """The MTU the cluster proves: cluster_data_mtu, or with 0 ("measure it") the smallest data interface MTU
+    measured on the nodes (an overlay's MTU is often below 1500: it is read, never assumed). None: none measured."""
+    if int(configured or 0) > 0:
+        return int(configured)
+    values = [int(m) for m in measured if m not in (None, "") and int(m) > 0]
+    return min(values) if values else None
+
+
 def mtu_verdict(host, iface, current, expected, managed, changed=False):
     """(ok, detail, fix) for the data interface's MTU after the role had its chance to set it."""
     if current == expected:
@@ -356,6 +401,11 @@ def parse_ping(rc, stdout, stderr):
     return {"ok": False, "outcome": outcome, "mtu_hint": mtu_hint, "message": message}
 
 
+def base_size(expected):
+    """The small probe's payload: 1472 (any Ethernet path), less on a network below 1500 (an overlay)."""
+    return min(BASE_PAYLOAD, int(expected) - ICMP_OVERHEAD)
+
+
 def path_matrix(probes_by_src):
     """{src: {dst: {full: {ok..}, base: {ok..}}}} -> {'path_mtu': {src: {dst: bool}}, 'path_base': ...}."""
     full, base = {}, {}
@@ -374,6 +424,7 @@ def diagnose_pair(src, dst, probe, mtus, expected, ifaces=None):
     full = probe.get("full") or {}
     base = probe.get("base") or {}
     payload = expected - ICMP_OVERHEAD
+    base_payload = base_size(expected)
     if full.get("ok") and base.get("ok"):
         return None
     smtu, dmtu = mtus.get(src), mtus.get(dst)
@@ -382,19 +433,19 @@ def diagnose_pair(src, dst, probe, mtus, expected, ifaces=None):
     if not base.get("ok"):
         what = base.get("outcome") or "lost"
         detail = "%s -> %s: even a %d-byte ping fails (%s%s); %s" % (
-            src, dst, BASE_PAYLOAD, what, ": " + base["message"] if base.get("message") else "", seen)
+            src, dst, base_payload, what, ": " + base["message"] if base.get("message") else "", seen)
         if what == "blocked":
             fix = ("on %s: the route to %s is a blackhole/prohibit route or a firewall rejects ICMP: check "
                    "`ip route get %s` and the firewall on both nodes" % (src, dst, probe.get("address", dst)))
         else:
             fix = ("no data path from %s to %s: check cabling/VLAN/addressing of %s and %s, the firewall "
                    "(ICMP echo), and `ip route get %s` on %s" % (src, dst, sif, dif, probe.get("address", dst), src))
-        return {"src": src, "dst": dst, "payload": BASE_PAYLOAD, "what": what, "detail": detail, "fix": fix}
+        return {"src": src, "dst": dst, "payload": base_payload, "what": what, "detail": detail, "fix": fix}
     what = full.get("outcome") or "lost"
     low = [h for h, m in ((src, smtu), (dst, dmtu)) if m is not None and m < expected]
     detail = "%s -> %s: %d-byte don't-fragment ping %s, %d bytes pass; %s (cluster_data_mtu %d)" % (
         src, dst, payload, "lost" if what == "lost" else "fails (%s)" % (full.get("message") or what),
-        BASE_PAYLOAD, seen, expected)
+        base_payload, seen, expected)
     if low:
         fix = "; ".join("on %s: ip link set dev %s mtu %d" % (h, ifaces.get(h) or "<data iface>", expected)
                         for h in low) + " (or let the role manage it: network_manage_mtu: true)"

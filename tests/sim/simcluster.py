@@ -3,6 +3,7 @@
 
     simcluster.py images                         build (or reuse) the node and training images
     simcluster.py up   --name ty --nodes 3 --data-mtu 9000
+    simcluster.py up   --name ty --nodes 2 --kind plain --data-mtu 1450
     simcluster.py down --name ty
     simcluster.py list
 
@@ -17,6 +18,13 @@ sshd (Ansible connects over SSH) and its own docker engine (so a training contai
 The training image is pushed to the local registry (tests/sim/engine.py) and each node's engine pulls
 it from there. A stand-in `nvidia-smi` (tests/sim/standin/) that replays real captured outputs is copied
 into every node; the nodes have no GPUs.
+
+`--kind plain` brings up nodes as a GPU marketplace rents them: each node is a plain container (sshd and
+Python with CPU torch, no docker engine, no systemd), reached over SSH on a port mapped on 127.0.0.1, with
+two networks: an internet-bridge-like network (eth0: default route, the mapped SSH port, MTU 1500) and a
+private overlay (eth1: an internal network, MTU --data-mtu, e.g. 1450). The inventory it writes is built by
+the inventory plugin `vast_instances` from the provider CLI's raw instance list (`vastai show instances
+--raw`), generated for these nodes in that format (tests/data/vast/).
 
 Everything a cluster creates carries the label trainyard.sim=<name>; `down` removes exactly that.
 """
@@ -51,6 +59,9 @@ BASE_PACKAGES = ["python3", "openssh-server", "iproute2", "iputils-ping", "procp
 NODE_PACKAGES = ["docker.io", "iptables", "python3-docker", "python3-apt", "sudo", "kmod"]
 TRAIN_PIP = ["torch==2.13.0", "tensorboard", "numpy"]
 DEFAULT_NAME = "ty"
+PLAIN_IMAGE = "trainyard-sim-plain"
+KINDS = ("node", "plain")
+VAST_FIXTURES = REPO / "tests/data/vast"
 
 NODE_INIT = """#!/bin/sh
 # Node init of the simulated cluster: this node's own docker engine, then sshd in the foreground.
@@ -60,6 +71,14 @@ dockerd --storage-driver=overlay2 \\
   >/var/log/dockerd.log 2>&1 &
 exec /usr/sbin/sshd -D -e
 """
+
+PLAIN_INIT = """#!/bin/sh
+# Node init of a plain simulated node (a rented container): sshd in the foreground, nothing else.
+mkdir -p /run/sshd /var/log
+exec /usr/sbin/sshd -D -e
+"""
+
+SSHD_CONF = "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\nMaxSessions 100\nMaxStartups 200\n"
 
 
 def log(msg: str) -> None:
@@ -159,8 +178,7 @@ def build_node_image() -> str:
         init.write_text(NODE_INIT)
         init.chmod(0o755)
         sshd_conf = root / "etc/ssh/sshd_config.d/trainyard-sim.conf"
-        sshd_conf.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
-                             "MaxSessions 100\nMaxStartups 200\n")
+        sshd_conf.write_text(SSHD_CONF)
         for key in (root / "etc/ssh").glob("ssh_host_*"):
             key.unlink()
         sh(["chroot", str(root), "ssh-keygen", "-A"])
@@ -235,6 +253,32 @@ def registry_has(repo: str, tag: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def build_plain_image() -> str:
+    """The plain node: the training image's tree (Debian base, Python, CPU torch) plus sshd as its init.
+
+    Built on the training image's recipe-tagged ref (no second torch install); no docker engine, no systemd."""
+    train = build_train_image()
+    ref = f"{PLAIN_IMAGE}:{recipe_hash(train, PLAIN_INIT, SSHD_CONF, 'plain-v1')}"
+    if image_exists(ref):
+        docker("tag", ref, f"{PLAIN_IMAGE}:latest")
+        return ref
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        ctx = Path(tmp)
+        (ctx / "node-init").write_text(PLAIN_INIT)
+        (ctx / "node-init").chmod(0o755)
+        (ctx / "trainyard-sim.conf").write_text(SSHD_CONF)
+        (ctx / "Dockerfile").write_text(
+            f"FROM {train}\n"
+            "COPY node-init /usr/local/sbin/node-init\n"
+            "COPY trainyard-sim.conf /etc/ssh/sshd_config.d/trainyard-sim.conf\n"
+            "RUN rm -f /etc/ssh/ssh_host_* && ssh-keygen -A\n"
+            'CMD ["/usr/local/sbin/node-init"]\n')
+        log(f"building {ref} from {train}")
+        docker("build", "-q", "-t", ref, str(ctx))
+    docker("tag", ref, f"{PLAIN_IMAGE}:latest")
+    return ref
 
 
 def cmd_images(_args: argparse.Namespace) -> None:
@@ -376,12 +420,149 @@ def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: 
     return inv
 
 
+def free_ports(name: str, n: int) -> list[int]:
+    """n consecutive TCP ports free on 127.0.0.1, starting from a base derived from the cluster name."""
+    import socket
+    base = 20000 + (zlib.crc32(name.encode()) % 400) * 100
+    for start in range(base, base + 20000, 100):
+        start = 20000 + (start - 20000) % 40000
+        ok = True
+        for port in range(start, start + n):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return list(range(start, start + n))
+    raise SystemExit(f"no {n} free consecutive ports on 127.0.0.1 for the SSH ports of cluster '{name}'")
+
+
+def start_plain_node(name: str, node: str, inet_net: str, inet_ip: str, ovl_net: str, ovl_ip: str,
+                     ssh_port: int, image: str) -> None:
+    """A rented container: default capabilities, no engine, SSH published on 127.0.0.1:<ssh_port>."""
+    docker("run", "-d", "--name", node, "--hostname", node, "--label", f"{LABEL}={name}",
+           "--tmpfs", "/run", "--tmpfs", "/tmp", "--shm-size", "512m",
+           "--network", inet_net, "--ip", inet_ip, "-p", f"127.0.0.1:{ssh_port}:22", image)
+    docker("network", "connect", "--ip", ovl_ip, ovl_net, node)
+
+
+def wait_ssh(node: str, host: str, port: int, key: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    ssh = ["ssh", "-i", str(key), "-p", str(port), "-o", "StrictHostKeyChecking=no", "-o",
+           "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", "-o", "BatchMode=yes",
+           f"root@{host}", "true"]
+    while time.monotonic() < deadline:
+        if subprocess.run(ssh, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"{node}: sshd not ready on {host}:{port} after {timeout:.0f} s (docker logs {node})")
+
+
+def vast_rows(nodes: list[str], ports: list[int], inet_ips: list[str], ovl_ips: list[str], first_id: int,
+              gpu_name: str, num_gpus: int) -> list[dict]:
+    """The provider CLI's raw instance rows (`vastai show instances --raw`) for these nodes.
+
+    Each row is the recorded row of tests/data/vast/show-instances.json with the fields the sim decides
+    replaced: the same keys, types and shapes (ports as Docker's port map, local_ipaddrs as a string)."""
+    template = json.loads((VAST_FIXTURES / "show-instances.json").read_text())[0]
+    rows = []
+    for i, (node, port, inet_ip, ovl_ip) in enumerate(zip(nodes, ports, inet_ips, ovl_ips)):
+        row = json.loads(json.dumps(template))
+        row.update({
+            "id": first_id + i, "label": node, "machine_id": 9000 + i, "actual_status": "running",
+            "intended_status": "running", "cur_state": "running", "next_state": "running",
+            "gpu_name": gpu_name, "num_gpus": num_gpus, "public_ipaddr": "127.0.0.1",
+            "ssh_host": "127.0.0.1", "ssh_port": port, "image_runtype": "ssh ssh_direc ssh_proxy",
+            "ports": {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]},
+            "local_ipaddrs": f"{ovl_ip} {inet_ip}",
+        })
+        rows.append(row)
+    return rows
+
+
+def write_plain_inventory(name: str, nodes: list[str], ports: list[int], inet_ips: list[str],
+                          ovl_ips: list[str], ovl_subnet: str, key: Path, mtu: int) -> Path:
+    """Provider JSON (instances and overlays, in the CLI's --raw format) and the plugin inventory over it."""
+    inv = inventory_dir(name)
+    (inv / "group_vars").mkdir(parents=True, exist_ok=True)
+    first_id = 31000000 + (zlib.crc32(name.encode()) % 1000) * 100
+    rows = vast_rows(nodes, ports, inet_ips, ovl_ips, first_id, "H200", 4)
+    (inv / "instances.vast.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    overlays = [{"cluster_id": 88, "instances": [r["id"] for r in rows], "internal_subnet": ovl_subnet,
+                 "name": f"{name}-overlay", "overlay_id": 700 + zlib.crc32(name.encode()) % 100}]
+    (inv / "overlays.vast.json").write_text(json.dumps(overlays, indent=1, sort_keys=True) + "\n")
+    (inv / "cluster.vast_instances.yml").write_text(
+        f"---\n# Generated by tests/sim/simcluster.py for the plain simulated cluster '{name}'.\n"
+        "plugin: vast_instances\n"
+        "instances_file: instances.vast.json\n"
+        "overlays_file: overlays.vast.json\n"
+        f"overlay: {name}-overlay\n"
+        "order_by: label\n"
+        "host_vars:\n"
+        f"  ansible_ssh_private_key_file: {key}\n"
+        "  ansible_python_interpreter: /usr/bin/python3\n")
+    # The reference inventory's variables, as a user copies them; the sim's own values in trainers.yml
+    # (group trainers overrides group all).
+    shutil.copy(REPO / "inventory/example-rented-overlay/group_vars/all.yml", inv / "group_vars" / "all.yml")
+    (inv / "group_vars" / "trainers.yml").write_text(
+        "---\n# The simulated cluster: CPU nodes (a stand-in nvidia-smi replays a real H200 x4 node),\n"
+        "# one process per node over gloo; paths writable on a plain container.\n"
+        "cluster_gpus_per_node: 4\n"
+        "cluster_nproc_per_node: 1\n"
+        "cluster_output_root: /srv/outputs\n"
+        "cluster_shared_root: /srv/shared\n"
+        "cluster_code_dir: /srv/code\n"
+        "cluster_job_name: train\n"
+        "cluster_preflight: {min_free_gb: 1, min_shm_mb: 64}\n"
+        "# The all-reduce proves the overlay path; its speed is the shared machine's (0.02-0.7 GB/s seen under load).\n"
+        "nccl_check_size_mb: 64\n"
+        "nccl_check_min_inter_busbw_gbps: 0.001\n")
+    meta = {"name": name, "kind": "plain", "nodes": nodes, "mgmt": ["127.0.0.1"] * len(nodes),
+            "ssh_ports": ports, "inet": inet_ips, "data": ovl_ips, "mtu": mtu, "key": str(key),
+            "inventory": str(inv), "instance_ids": [r["id"] for r in rows]}
+    (state_dir(name) / "cluster.json").write_text(json.dumps(meta, indent=2))
+    return inv
+
+
+def up_plain(args: argparse.Namespace, t0: float) -> None:
+    name = args.name
+    image = build_plain_image()
+    inet, ovl = subnets(name)
+    inet_net, ovl_net = f"{name}-inet", f"{name}-ovl"
+    docker("network", "create", "--label", f"{LABEL}={name}", "--subnet", str(inet),
+           "--gateway", str(inet.network_address + 1), inet_net)
+    # The overlay: a private network without a gateway (no route out), MTU below the bridge's.
+    docker("network", "create", "--label", f"{LABEL}={name}", "--internal", "--subnet", str(ovl),
+           "--opt", f"com.docker.network.driver.mtu={args.data_mtu}", ovl_net)
+    nodes = node_names(name, args.nodes)
+    inet_ips = [str(inet.network_address + 10 + i) for i in range(1, args.nodes + 1)]
+    ovl_ips = [str(ovl.network_address + 10 + i) for i in range(1, args.nodes + 1)]
+    ports = free_ports(name, args.nodes)
+    key = ssh_key(name)
+    pubkey = key.with_suffix(".pub").read_text()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda a: start_plain_node(name, a[0], inet_net, a[1], ovl_net, a[2], a[3], image),
+                      zip(nodes, inet_ips, ovl_ips, ports)))
+        list(pool.map(lambda n: provision_node(n, pubkey), nodes))
+        list(pool.map(lambda a: wait_ssh(a[0], "127.0.0.1", a[1], key), zip(nodes, ports)))
+    inv = write_plain_inventory(name, nodes, ports, inet_ips, ovl_ips, str(ovl), key, args.data_mtu)
+    took = time.monotonic() - t0
+    (state_dir(name) / "bringup_seconds").write_text(f"{took:.1f}\n")
+    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} plain nodes, overlay MTU {args.data_mtu}, "
+        f"SSH on 127.0.0.1:{ports[0]}-{ports[-1]}, inventory {inv.relative_to(REPO)}")
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     name = args.name
     if existing(name):
         log(f"cluster '{name}' exists; recreating it")
         cmd_down(args)
+    if getattr(args, "kind", "node") == "plain":
+        up_plain(args, t0)
+        return
     node_image = build_node_image()
     if not args.no_train_image:
         build_train_image()
@@ -449,6 +630,9 @@ def main() -> int:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--data-mtu", type=int, default=9000)
     up.add_argument("--no-train-image", action="store_true", help="skip building/pushing the training image")
+    up.add_argument("--kind", choices=KINDS, default="node",
+                    help="node: docker-in-docker GPU-node look-alikes (default); plain: rented containers "
+                         "(sshd and Python only, SSH on mapped ports of 127.0.0.1, an overlay and a bridge network)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down")
     down.add_argument("--name", default=DEFAULT_NAME)

@@ -22,3 +22,24 @@ def test_probe_answers_and_publishes_the_init_system(tmp_path):
 def test_clock_only_is_just_the_clock():
     r = adhoc("host_facts", {"clock_only": True})
     assert isinstance(r["time"], float) and "ansible_facts" not in r and "python" not in r
+
+
+def test_probe_says_whether_the_node_is_a_container():
+    r = adhoc("host_facts", {"paths": []})
+    init = r["ansible_facts"]["trainyard_init"]
+    here = os.path.exists("/.dockerenv")
+    assert (init["container"] == "docker") is here, init
+    assert ("/.dockerenv" in init["container_evidence"]) is here
+
+
+def test_container_engine_from_what_the_engines_leave_behind():
+    from conftest import load
+    engine = load("library/host_facts.py", "host_facts_mod").container_engine
+    assert engine(True, False, "", "") == ("docker", "/.dockerenv exists")
+    assert engine(False, True, "", "")[0] == "podman"
+    assert engine(False, False, "PATH=/bin\0container=lxc\0", "") == ("lxc", "PID 1 has container=lxc")
+    assert engine(False, False, "", "12:pids:/kubepods/besteffort/pod1/abc\n")[0] == "kubernetes"
+    assert engine(False, False, "", "0::/system.slice/docker-4f2a.scope\n")[0] == "docker"
+    # A machine: no marker file, no container= variable, cgroup v2 root or a systemd slice.
+    assert engine(False, False, "PATH=/bin\0", "0::/\n") == (None, "")
+    assert engine(False, False, "", "0::/init.scope\n") == (None, "")

@@ -380,3 +380,40 @@ def test_job_alive_needs_the_same_leader_start_time_and_no_zombie():
     assert not nc.job_alive(state, {})
     assert not nc.job_alive(None, {100: {"start_ticks": 5000, "state": "S"}})
     assert not nc.job_alive({"pid": "x"}, {})
+
+
+# A rented container (vast.ai's layout): eth0 the overlay (10.0.0.x/24, MTU 1450), eth1 the internet bridge
+# (172.17.0.2/16, the default route). A route over the bridge to the overlay's subnet (policy routing, a
+# provider's wider route) must not take the job off the overlay.
+RENTED = [link("lo", 65536, ["127.0.0.1"], ["LOOPBACK", "UP", "LOWER_UP"], "UNKNOWN"),
+          link("eth0", 1450, ["10.0.0.2"], kind="veth"),
+          link("eth1", 1500, ["172.17.0.2"], kind="veth")]
+
+
+def test_overlay_address_wins_over_the_route_by_the_internet_bridge():
+    route = nc.parse_route_get([{"dst": "10.0.0.1", "gateway": "172.17.0.1", "dev": "eth1"}])
+    sel = nc.select_iface(links(RENTED), "", route, "10.0.0.1", "10.0.0.2")
+    assert (sel["iface"], sel["address"], sel["mtu"], sel["errors"]) == ("eth0", "10.0.0.2", 1450, [])
+    assert "holds this node's data address 10.0.0.2" in sel["reason"]
+    assert "leaves by eth1" in sel["warnings"][0]
+    # Without a data address there is nothing to prefer: the route decides (and the check names it).
+    assert nc.select_iface(links(RENTED), "", route, "10.0.0.1", "")["iface"] == "eth1"
+
+
+def test_on_link_reads_the_prefix():
+    ls = links(RENTED)
+    assert nc.on_link(ls["eth0"], "10.0.0.200") and not nc.on_link(ls["eth0"], "10.0.1.1")
+    assert nc.on_link(ls["eth1"], "172.17.0.200") and not nc.on_link(ls["eth1"], "fd00::1")
+
+
+def test_an_overlay_below_1500_is_probed_within_its_mtu():
+    assert nc.base_size(9000) == 1472 and nc.base_size(1500) == 1472 and nc.base_size(1450) == 1422
+    lost = {"full": {"ok": True}, "base": {"ok": False, "outcome": "lost"}}
+    d = nc.diagnose_pair("a", "b", lost, {"a": 1450, "b": 1450}, 1450)
+    assert "even a 1422-byte ping fails" in d["detail"] and d["payload"] == 1422
+
+
+def test_cluster_mtu_measures_when_zero():
+    assert nc.cluster_mtu(9000, [1450, 1500]) == 9000
+    assert nc.cluster_mtu(0, [1450, 1500, None]) == 1450
+    assert nc.cluster_mtu(0, [None, ""]) is None

@@ -39,7 +39,8 @@ def test_every_line_starts_with_stop_if_and_has_a_fix():
 def test_problems_on_all_hosts_are_merged_into_one_line():
     problems = run(three(cluster_data_mtu=100))
     assert problems == ["Stop if cluster_data_mtu is outside 1280–9216 on all 3 trainers (cluster_data_mtu = 100). "
-                        "Fix: set cluster_data_mtu to 9000 (jumbo frames) or 1500"]
+                        "Fix: set cluster_data_mtu to 9000 (jumbo frames) or 1500, or 0 to measure it (an overlay)"]
+    assert run(three(cluster_data_mtu=0)) == []  # 0: measured on the nodes (an overlay)
 
 
 def test_missing_group_suggests_the_nearest_group_name():

@@ -16,6 +16,12 @@ def network_uniformity(hostvars, hosts):
     return netcheck.iface_uniformity({h: (hostvars[h].get("network_iface") or "") for h in hosts if h in hostvars})
 
 
+def network_cluster_mtu(hostvars, hosts, configured):
+    """cluster_data_mtu, or with 0 the smallest data interface MTU measured on the hosts (fact _network_mtu)."""
+    return netcheck.cluster_mtu(configured, [(hostvars[h].get("_network_mtu") if h in hostvars else None)
+                                             for h in hosts])
+
+
 def network_bridge_text(bridge):
     """{name, mtu, up} -> 'docker0 MTU 1500 (down)'."""
     return "%s MTU %s%s" % (bridge.get("name"), bridge.get("mtu"), "" if bridge.get("up") else " (down)")
@@ -58,7 +64,7 @@ def network_path_diagnosis(probes, src, hostvars, hosts, expected):
         fix = "; ".join(dict.fromkeys(f["fix"] for f in failures))
     else:
         detail = "%d peer%s pass %d- and %d-byte don't-fragment pings" % (
-            n, "" if n == 1 else "s", int(expected) - netcheck.ICMP_OVERHEAD, netcheck.BASE_PAYLOAD)
+            n, "" if n == 1 else "s", int(expected) - netcheck.ICMP_OVERHEAD, netcheck.base_size(expected))
         fix = ""
     return {"ok": not failures, "failures": failures, "detail": detail, "fix": fix, "pairwise": pairwise}
 
@@ -79,6 +85,7 @@ class FilterModule(object):
             "network_uniformity": network_uniformity,
             "network_peers": network_peers,
             "network_bridge_text": network_bridge_text,
+            "network_cluster_mtu": network_cluster_mtu,
             "network_iface_verdict": network_iface_verdict,
             "network_mtu_verdict": network_mtu_verdict,
             "network_path_diagnosis": network_path_diagnosis,
