@@ -338,8 +338,14 @@ def _where(host, node_rank, gpu, rank, local):
 
 
 def _ctx(opts):
+    """(node rank, ranks per node, visible GPU indexes) from opts; a visible list of UUIDs maps nothing."""
     opts = opts or {}
-    return opts.get("node_rank"), opts.get("nproc_per_node"), opts.get("visible") or []
+    visible = opts.get("visible") or []
+    if isinstance(visible, str):
+        visible = [v.strip() for v in visible.split(",") if v.strip()]
+    visible = [int(v) for v in visible] if all(str(v).isdigit() for v in visible) else []
+    nr, npn = opts.get("node_rank"), opts.get("nproc_per_node")
+    return (int(nr) if nr not in (None, "") else None), (int(npn) if npn not in (None, "") else None), visible
 
 
 def _rec(check, status, detail, fix="", data=None):
@@ -504,8 +510,7 @@ def kernel_log_commands(journalctl, dmesg, since=None):
     out = []
     if journalctl:
         argv = [journalctl, "-k", "-o", "short-iso", "--no-pager", "-q"]
-        if since:
-            argv += ["--since", "@%d" % int(float(since))]
+        argv += ["--since", "@%d" % int(float(since))] if since else ["-b"]
         out.append(("journalctl -k", argv))
     if dmesg:
         out.append(("dmesg", [dmesg, "--time-format", "iso"]))
