@@ -35,7 +35,8 @@ def test_tcp_profile_default_then_idempotent_first_launch_gets_info(tmp_path):
         assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_HCA" not in env and "TORCH_DISTRIBUTED_DEBUG" not in env
         assert p.report[h]["nccl_env_file"] == str(c.path(h, "nccl.env"))
     # identical except NODE_RANK (and the flight recorder's dump paths: this test gives each node its own state dir)
-    fr_paths = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    fr_paths = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+                "TRAINYARD_PROGRESS_DIR")
     for e in envs.values():
         assert e["TORCH_FR_DUMP_TEMP_FILE"].endswith("/train/flight_recorder/rank_") and e["TORCH_FR_BUFFER_SIZE"] == "2000"
         assert e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and e["TORCH_NCCL_ENABLE_MONITORING"] == "1"
