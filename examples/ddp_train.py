@@ -83,8 +83,9 @@ def atomic_json(path: str, data: dict) -> None:
 
 class Progress:
     """Per-rank progress file for the status playbook: $TRAINYARD_PROGRESS_DIR/rank_<rank>.json (rendered into
-    nccl.env), rewritten atomically every step: the step, the rank's own compute time of the step (between its
-    collectives, so a slow node shows even though every rank waits for it at the all-reduce) and the step time."""
+    nccl.env), rewritten atomically every step: the step, the rank's own compute time per step (between its
+    collectives, so a slow node shows even though every rank waits for it at the all-reduce) and the step time,
+    both averaged over the last 20 steps."""
 
     def __init__(self, rank: int, total: int):
         root = os.environ.get("TRAINYARD_PROGRESS_DIR", "")
@@ -92,14 +93,18 @@ class Progress:
         self.base = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                      "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(), "steps_total": total}
         self.last = time.time()
+        self.recent: list = []  # (compute, step) seconds of the last 20 steps: one step alone is noisy
 
     def step(self, step: int, compute_s: float) -> None:
         now = time.time()
+        self.recent = (self.recent + [(compute_s, now - self.last)])[-20:]
         if self.path:
             tmp = self.path + ".tmp"
+            n = len(self.recent)
             with open(tmp, "w") as f:
-                json.dump(dict(self.base, step=step, time=now, compute_s=round(compute_s, 6),
-                               step_s=round(now - self.last, 6)), f)
+                json.dump(dict(self.base, step=step, time=now,
+                               compute_s=round(sum(c for c, _ in self.recent) / n, 6),
+                               step_s=round(sum(s for _, s in self.recent) / n, 6)), f)
             os.replace(tmp, self.path)
         self.last = now
 

@@ -113,8 +113,8 @@ def main():
 
     result = {"changed": False, "node": host, "smi_error": "", "gpus": []}
     if p["kernel_log"]:
-        kernel = read_kernel_log(run, module.get_bin_path("journalctl", opt_dirs=SEARCH_DIRS),
-                                 module.get_bin_path("dmesg", opt_dirs=SEARCH_DIRS), p["since"] or None,
+        kernel = read_kernel_log(run, module.get_bin_path("journalctl"),
+                                 module.get_bin_path("dmesg"), p["since"] or None,
                                  p["max_bytes"])
         kernel["events"] = parse_kernel_log(kernel["text"], since=p["since"] or None)
     else:

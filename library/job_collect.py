@@ -201,8 +201,8 @@ class Collector(object):
 
         # The kernel log since the job started, and the GPUs.
         since = p["since"] or out["started_at"] or None
-        journalctl = self.m.get_bin_path("journalctl", opt_dirs=SEARCH_DIRS)
-        kernel = read_kernel_log(self.run, journalctl, self.m.get_bin_path("dmesg", opt_dirs=SEARCH_DIRS), since,
+        journalctl = self.m.get_bin_path("journalctl")
+        kernel = read_kernel_log(self.run, journalctl, self.m.get_bin_path("dmesg"), since,
                                  p["file_max_bytes"])
         kernel["events"] = parse_kernel_log(kernel["text"], since=since)
         if kernel["skipped"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,23 @@ LAUNCH = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
 FAULT = "/etc/trainyard-standin/fault"
 CONTAINER = "trainyard-train"
-ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "60", "--output-root", "/srv/outputs"]
+ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "400", "--output-root", "/srv/outputs"]
+
+
+def steps(cluster, node) -> int:
+    """The lowest step in the node's progress files (0 before the first)."""
+    out = cluster.exec(node, ["sh", "-c", f"cat {STATE}/progress/rank_*.json 2>/dev/null"], check=False).stdout
+    found = [int(m) for m in re.findall(r'"step": (\d+)', out)]
+    return min(found) if found else 0
+
+
+def wait_until(pred, timeout, step=2.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
 
 
 def launch(cluster, *args):
@@ -44,9 +61,14 @@ def job(cluster):
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
     assert r.returncode == 0, r.stdout[-3000:]
     bad, slow = cluster.nodes[1], cluster.nodes[2]
+    assert wait_until(lambda: all(steps(cluster, n) >= 3 for n in cluster.nodes), 900), "no progress files"
     cluster.exec(bad, ["sh", "-c", f"mkdir -p /etc/trainyard-standin && printf 'xid=79@0\\necc=2@3\\nremap=pending@3\\n'"
                                    f" > {FAULT}"])
-    cluster.exec(slow, ["docker", "update", "--cpus", "0.25", CONTAINER])
+    # 0.1 CPU: 10 ms per 100 ms period; a step's compute (--work 400, tens of ms of CPU) no longer fits in one.
+    cluster.exec(slow, ["docker", "update", "--cpus", "0.1", CONTAINER])
+    # A few steps under the quota, so the slowed node's last compute time is measured with it.
+    under = steps(cluster, slow) + 25  # the progress file averages the last 20 steps
+    assert wait_until(lambda: steps(cluster, slow) >= under, 900), "the slowed node made no progress"
     try:
         yield cluster
     finally:
