@@ -61,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--work", type=int, default=0,
+                   help="CPU-bound matrix products per step (simulated compute, timed per rank)")
     return p.parse_args(argv)
 
 
@@ -78,6 +80,34 @@ def atomic_json(path: str, data: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)
+
+
+class Progress:
+    """Per-rank progress file for the status playbook: $TRAINYARD_PROGRESS_DIR/rank_<rank>.json (rendered into
+    nccl.env), rewritten atomically every step: the step, the rank's own compute time per step (between its
+    collectives, so a slow node shows even though every rank waits for it at the all-reduce) and the step time,
+    both averaged over the last 20 steps."""
+
+    def __init__(self, rank: int, total: int):
+        root = os.environ.get("TRAINYARD_PROGRESS_DIR", "")
+        self.path = os.path.join(root, "rank_%d.json" % rank) if root and os.path.isdir(root) else ""
+        self.base = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                     "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(), "steps_total": total}
+        self.last = time.time()
+        self.recent: list = []  # (compute, step) seconds of the last 20 steps: one step alone is noisy
+
+    def step(self, step: int, compute_s: float) -> None:
+        now = time.time()
+        self.recent = (self.recent + [(compute_s, now - self.last)])[-20:]
+        if self.path:
+            tmp = self.path + ".tmp"
+            n = len(self.recent)
+            with open(tmp, "w") as f:
+                json.dump(dict(self.base, step=step, time=now,
+                               compute_s=round(sum(c for c, _ in self.recent) / n, 6),
+                               step_s=round(sum(s for _, s in self.recent) / n, 6)), f)
+            os.replace(tmp, self.path)
+        self.last = now
 
 
 def save_checkpoint(root: str, step: int, model, optimizer, history: list, args) -> str:
@@ -136,10 +166,16 @@ def main(argv=None) -> int:
     history: list = []
     first = True
     loss_fn = torch.nn.MSELoss()
+    progress = Progress(rank, args.steps)
+    work = torch.randn(128, 128, generator=torch.Generator().manual_seed(rank))
     while step < args.steps:
+        t0 = time.perf_counter()
+        for _ in range(args.work):
+            work = torch.tanh(work @ work)
         x, y = batch(step, rank, args.hidden, args.seed)
         optimizer.zero_grad()
         loss = loss_fn(ddp(x), y)
+        compute_s = time.perf_counter() - t0
         loss.backward()  # gradients are all-reduced here (a dead peer fails this collective)
         optimizer.step()
         step += 1
@@ -159,6 +195,7 @@ def main(argv=None) -> int:
             dist.barrier()
         if args.sleep:
             time.sleep(args.sleep)
+        progress.step(step, compute_s)
     log("done steps=%d rank=%d" % (step, rank))
     dist.barrier()
     dist.destroy_process_group()

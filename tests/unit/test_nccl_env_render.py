@@ -34,8 +34,13 @@ def test_tcp_profile_default_then_idempotent_first_launch_gets_info(tmp_path):
         assert p.report[h]["nccl_env_first_launch_env"] == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET"}
         assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_HCA" not in env and "TORCH_DISTRIBUTED_DEBUG" not in env
         assert p.report[h]["nccl_env_file"] == str(c.path(h, "nccl.env"))
-    # identical except NODE_RANK
-    strip = [{k: v for k, v in e.items() if k != "NODE_RANK"} for e in envs.values()]
+    # identical except NODE_RANK (and the flight recorder's dump paths: this test gives each node its own state dir)
+    fr_paths = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+                "TRAINYARD_PROGRESS_DIR")
+    for e in envs.values():
+        assert e["TORCH_FR_DUMP_TEMP_FILE"].endswith("/train/flight_recorder/rank_") and e["TORCH_FR_BUFFER_SIZE"] == "2000"
+        assert e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and e["TORCH_NCCL_ENABLE_MONITORING"] == "1"
+    strip = [{k: v for k, v in e.items() if k != "NODE_RANK" and k not in fr_paths} for e in envs.values()]
     assert strip[0] == strip[1] == strip[2]
     recs = c.records(p, "nccl_env.consistent")
     assert {h: r["status"] for h, r in recs.items()} == {h: "pass" for h in c.hosts}

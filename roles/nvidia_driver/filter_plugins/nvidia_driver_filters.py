@@ -14,6 +14,10 @@ _SPEC = importlib.util.spec_from_file_location(
     "trainyard_nvidia_smi", Path(__file__).resolve().parents[3] / "module_utils" / "nvidia_smi.py")
 nvidia_smi = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(nvidia_smi)
+_HSPEC = importlib.util.spec_from_file_location(
+    "trainyard_gpu_health", Path(__file__).resolve().parents[3] / "module_utils" / "gpu_health.py")
+gpu_health = importlib.util.module_from_spec(_HSPEC)
+_HSPEC.loader.exec_module(gpu_health)
 
 
 def _facts_of(hosts, hostvars) -> dict:
@@ -45,9 +49,15 @@ def nvidia_driver_env_value(text, name):
     return value
 
 
+def nvidia_driver_health_records(host, result, opts):
+    """The nvidia_driver.xid, .ecc and .throttle records of one node from its gpu_health module result."""
+    return gpu_health.health_records(host, result, dict(opts or {}))
+
+
 class FilterModule:
     def filters(self):
         return {
             "nvidia_driver_records": nvidia_driver_records,
             "nvidia_driver_env_value": nvidia_driver_env_value,
+            "nvidia_driver_health_records": nvidia_driver_health_records,
         }

@@ -1,0 +1,322 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# trainyard: the controller's half of playbooks/collect.yml: store every node's evidence and conclude from it.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: collect_bundle
+short_description: Store the nodes' job evidence under runs/<id>/ and say what went wrong, naming node, rank and fix
+description:
+  - Runs on the controller. Writes each node's files (results of M(job_collect)) into C(<run_dir>/nodes/<host>/).
+  - Runs PyTorch's own flight-recorder analyzer (C(python -m torch.distributed.flight_recorder.fr_trace)) on every
+    rank's dump and names the rank(s) that never joined a collective, the collective, its sequence number and
+    sizes. Dumps are loaded with a restricted unpickler (plain data only) and written again before the analyzer
+    reads them, so a dump the job could have tampered with never runs code on the controller.
+  - Names the first failing rank from the torchrun logs, Xid / ECC / slowdown findings per GPU and rank, OOM kills
+    and segfaults, stragglers (per-rank compute time of the progress files) and the nodes that could not be
+    reached. Writes C(collect.json) and C(collect.md); returns the summary for the health page's job section.
+options:
+  run_dir: {description: The run directory (created)., type: path, required: true}
+  hosts: {description: Every trainer in node-rank order., type: list, elements: str, required: true}
+  results:
+    description: "{host: the job_collect result, or {unreachable: true, msg: ...} / {failed: true, msg: ...}}."
+    type: dict
+    required: true
+  nproc_per_node: {description: Ranks per node., type: int, required: true}
+  python: {description: The Python that runs the analyzer (needs torch)., type: str, default: python3}
+  analyzer_timeout: {description: Seconds the analyzer may run., type: int, default: 300}
+  straggler_ratio: {description: Compute-time ratio that names a straggler node., type: float, default: 1.3}
+  stall_s: {description: Seconds without progress that make a running job hung., type: int, default: 300}
+attributes:
+  check_mode: {support: none, details: It writes only the run directory on the controller.}
+  diff_mode: {support: none}
+  idempotent: {support: none}
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Store and analyse
+  collect_bundle:
+    run_dir: "{{ cluster_run_dir }}"
+    hosts: "{{ cluster_model.hosts_by_rank }}"
+    results: "{{ results_by_host }}"
+    nproc_per_node: "{{ cluster_model.nproc_per_node }}"
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+job:
+  description: "The job section: lines (what went wrong, each naming node, rank and fix), nodes (per-node table),
+    flight_recorder, first_failure, hardware, stragglers, unreachable, files (per node, links relative to run_dir)."
+  returned: always
+  type: dict
+records:
+  description: "{host: [check records]} (nvidia_driver.xid, .ecc, .throttle, job.*) for the report."
+  returned: always
+  type: dict
+"""
+
+import base64
+import io
+import json
+import os
+import pickle
+import re
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_health import health_records, other_kernel_events
+from ansible.module_utils.job_collect import fr_lines, normalize_fr_dump, parse_fr_report, progress_summary
+from ansible.module_utils import torchrun as tr
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
+_PLAIN = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool",
+                                    "bytes", "complex")}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads plain data only: any class or function reference is refused."""
+
+    def find_class(self, module, name):
+        if (module, name) in _PLAIN:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError("refused %s.%s (a dump holds plain data only)" % (module, name))
+
+
+def load_plain(data):
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def write_node_files(run_dir, host, result):
+    base = os.path.join(run_dir, "nodes", host)
+    os.makedirs(base, exist_ok=True)
+    listing = []
+    for f in result.get("files") or []:
+        name = f.get("name", "")
+        if not _SAFE_NAME.match(name) or ".." in name:
+            listing.append({"name": repr(name)[:80], "skipped": "refused: not a plain file name"})
+            continue
+        entry = {"name": name, "size": f.get("size"), "truncated": f.get("truncated"), "skipped": f.get("skipped")}
+        if "content" in f:
+            path = os.path.join(base, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as out:
+                out.write(base64.b64decode(f["content"]))
+            entry["path"] = os.path.relpath(path, run_dir)
+        listing.append(entry)
+    with open(os.path.join(base, "collect.json"), "w") as out:
+        json.dump({k: v for k, v in result.items() if k != "files"} | {"files": listing}, out, indent=1,
+                  default=str)
+    return listing
+
+
+def analyse_dumps(run_dir, dumps, world_size, python, timeout):
+    """dumps: {global rank: bytes}. Runs the analyzer; returns {status, problems, output, note}."""
+    if not dumps:
+        return {"status": "skip", "problems": [], "output": "",
+                "note": "no flight-recorder dump on any node (NCCL dumps on a collective timeout with "
+                        "TORCH_NCCL_DUMP_ON_TIMEOUT=1; gloo never dumps; a job that did not time out has none)"}
+    work = os.path.join(run_dir, "flight_recorder")
+    os.makedirs(work, exist_ok=True)
+    refused, fixed = [], []
+    for rank, data in sorted(dumps.items()):
+        try:
+            dump = load_plain(data)
+            if not isinstance(dump, dict):
+                raise pickle.UnpicklingError("not a dict")
+        except Exception as e:  # noqa: BLE001 - any unreadable or refused dump is reported, never raised
+            refused.append("rank %s: %s" % (rank, str(e)[:200]))
+            continue
+        dump, changed = normalize_fr_dump(dump)
+        if changed:
+            fixed.append(rank)
+        with open(os.path.join(work, "rank_%d" % rank), "wb") as out:
+            pickle.dump(dump, out)
+    have = sorted(int(n[5:]) for n in os.listdir(work) if n.startswith("rank_") and n[5:].isdigit())
+    argv = [python, "-m", "torch.distributed.flight_recorder.fr_trace", work, "-p", "rank_"]
+    note = []
+    if world_size and len(have) < world_size:
+        argv.append("--allow-incomplete-ranks")
+        note.append("dumps of ranks %s only (of %d): the analyzer ran with --allow-incomplete-ranks"
+                    % (have, world_size))
+    if refused:
+        note.append("dumps refused: " + "; ".join(refused))
+    if fixed:
+        note.append("ranks %s: gloo-style dumps (empty default group name) renamed for the analyzer" % fixed)
+    if not have:
+        return {"status": "skip", "problems": [], "output": "", "note": "; ".join(note)}
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                           cwd=work)
+        output, rc = p.stdout, p.returncode
+    except (OSError, subprocess.TimeoutExpired) as e:
+        output, rc = str(e), None
+    with open(os.path.join(run_dir, "flight_recorder.txt"), "w") as out:
+        out.write("$ %s\n%s" % (" ".join(argv), output))
+    if rc != 0:
+        why = "No module named" in output and "torch is not installed for %s on the controller" % python or \
+            "the analyzer failed (exit %s): %s" % (rc, output.strip().splitlines()[-1:] or "")
+        return {"status": "skip", "problems": [], "output": output, "note": "; ".join(note + [why])}
+    return {"status": "ok", "problems": parse_fr_report(output), "output": output, "note": "; ".join(note),
+            "ranks": have}
+
+
+def _rec(check, status, detail, fix=""):
+    return {"check": check, "status": status, "detail": detail, "fix": fix, "data": {}}
+
+
+def job_records(records, hosts, nproc, first, problems, prog):
+    """job.failure, job.hang and job.straggler records on the nodes they name (pass on the others)."""
+    missing = {}
+    for pr in problems:
+        for r in pr.get("missing_ranks") or []:
+            missing.setdefault(r // max(nproc, 1), []).append((r, pr))
+    slow = {s["host"]: s for s in prog["stragglers"]}
+    for node_rank, host in enumerate(hosts):
+        if host not in records:
+            continue
+        recs = records[host]
+        if first and first.get("node") == host:
+            recs.append(_rec("job.failure", "fail", "first failure: rank %s (local rank %s), exit code %s%s: %s" % (
+                first.get("rank"), first.get("local_rank"), first.get("exitcode"),
+                " (%s)" % first["signal"] if first.get("signal") else "",
+                (first.get("traceback") or "").strip().splitlines()[-1:] or ""),
+                "read nodes/%s/torchrun.log; then reset.yml and site.yml" % host))
+        else:
+            recs.append(_rec("job.failure", "pass", "no failure named first on this node"))
+        if node_rank in missing:
+            recs.append(_rec("job.hang", "fail", "; ".join(
+                "rank %d never joined %s (sequence number %s, input sizes %s)" % (
+                    r, pr.get("op"), pr.get("seq"), pr.get("input_sizes")) for r, pr in missing[node_rank]),
+                "find why this rank skipped the collective: its stack (status.yml), log tail and kernel events"))
+        elif problems:
+            recs.append(_rec("job.hang", "pass", "every rank of this node joined"))
+        else:
+            recs.append(_rec("job.hang", "skip", "no flight-recorder finding (no dump, or nothing missing)"))
+        if host in slow:
+            recs.append(_rec("job.straggler", "warn", slow[host]["text"], slow[host]["fix"]))
+        elif prog["reporting"]:
+            recs.append(_rec("job.straggler", "pass", "compute time in line with the other nodes"))
+        else:
+            recs.append(_rec("job.straggler", "skip", "no progress files (the entry point writes none)"))
+
+
+def main():
+    m = AnsibleModule(
+        argument_spec=dict(
+            run_dir=dict(type="path", required=True),
+            hosts=dict(type="list", elements="str", required=True),
+            results=dict(type="dict", required=True),
+            nproc_per_node=dict(type="int", required=True),
+            python=dict(type="str", default="python3"),
+            analyzer_timeout=dict(type="int", default=300),
+            straggler_ratio=dict(type="float", default=1.3),
+            stall_s=dict(type="int", default=300),
+        ),
+        supports_check_mode=False,
+    )
+    p = m.params
+    run_dir, hosts, nproc = p["run_dir"], p["hosts"], p["nproc_per_node"]
+    os.makedirs(run_dir, exist_ok=True)
+    world = len(hosts) * nproc
+    now = time.time()
+    lines, fixes, records, nodes, unreachable, failures, dumps = [], [], {}, [], [], [], {}
+    hardware, other = [], []
+    progress_in = {}
+    files = {}
+    for node_rank, host in enumerate(hosts):
+        res = p["results"].get(host) or {"unreachable": True, "msg": "no result"}
+        if res.get("unreachable") or res.get("failed") or "files" not in res:
+            why = (res.get("msg") or "no result").strip().splitlines()[0][:300] if res.get("msg") else "no result"
+            unreachable.append({"host": host, "node_rank": node_rank, "why": why})
+            lines.append("%s (node rank %d, ranks %d-%d): not collected: %s" % (
+                host, node_rank, node_rank * nproc, node_rank * nproc + nproc - 1, why))
+            fixes.append("%s: make it reachable (ssh, disk, load) and run collect.yml again; the other nodes' "
+                         "evidence is in this run" % host)
+            nodes.append({"host": host, "node_rank": node_rank, "state": "unreachable"})
+            continue
+        files[host] = write_node_files(run_dir, host, res)
+        opts = {"node_rank": node_rank, "nproc_per_node": nproc, "since": (res.get("kernel") or {}).get("since")}
+        recs = health_records(host, res, opts)
+        records[host] = recs
+        for r in recs:
+            if r["status"] in ("fail", "warn"):
+                hardware.append(dict(r, host=host))
+        other.extend(other_kernel_events(host, (res.get("kernel") or {}).get("events"), opts))
+        log = os.path.join(run_dir, "nodes", host, "torchrun.log")
+        text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
+        for f in tr.parse_failures(text):
+            f["node"], f["node_rank"] = host, node_rank
+            failures.append(f)
+        for n in res.get("dumps") or []:
+            path = os.path.join(run_dir, "nodes", host, "flight_recorder", n)
+            if os.path.exists(path):
+                with open(path, "rb") as fh:
+                    dumps[int(n[5:])] = fh.read()
+        progress_in[host] = {"node_rank": node_rank, "ranks": res.get("progress") or []}
+        st = res.get("state") or {}
+        nodes.append({"host": host, "node_rank": node_rank, "state": "collected",
+                      "started_at": st.get("started_at"), "limits": res.get("container_limits") or {},
+                      "container": (res.get("container_state") or {}).get("Status")})
+
+    first = tr.first_failure(failures) if failures else None
+    if first:
+        lines.append("first failure: %s (node rank %s), rank %s (local rank %s), exit code %s%s" % (
+            first.get("node"), first.get("node_rank"), first.get("rank"), first.get("local_rank"),
+            first.get("exitcode"), " (%s)" % first["signal"] if first.get("signal") else ""))
+        fixes.append("read that rank's traceback in nodes/%s/torchrun.log and the node's kernel events below; "
+                     "then reset.yml and site.yml (resumes from the latest checkpoint)" % first.get("node"))
+    fr = analyse_dumps(run_dir, dumps, world, p["python"], p["analyzer_timeout"])
+    fr_text = fr_lines(fr["problems"], lambda nr: hosts[nr] if 0 <= nr < len(hosts) else "?", nproc)
+    for t in fr_text:
+        lines.append("hang: " + t)
+    if fr_text:
+        fixes.append("find why the named rank skipped or never reached that collective (its stack in "
+                     "nodes/<host>/stacks/, its log tail, its node's kernel events): a rank-dependent branch around "
+                     "a collective, an exception swallowed on that rank, or its GPU or node failing")
+    for r in hardware:
+        lines.append("%s: %s %s: %s" % (r["host"], r["check"], r["status"].upper(), r["detail"]))
+        fixes.append(r["fix"])
+    for o in other:
+        lines.append(o["text"])
+        fixes.append("%s: %s" % (o["node"], o["fix"]))
+    prog = progress_summary(progress_in, now, p["stall_s"], p["straggler_ratio"])
+    for s in prog["stragglers"]:
+        lines.append(s["text"])
+        fixes.append(s["fix"])
+    for n in nodes:
+        pn = next((x for x in prog["nodes"] if x["host"] == n["host"]), None)
+        if pn:
+            n.update({k: pn[k] for k in ("last_step", "steps_total", "steps_per_s", "eta_s", "compute_s", "age_s",
+                                          "ranks")})
+    job_records(records, hosts, nproc, first, fr["problems"], prog)
+    if not lines:
+        lines.append("nothing wrong found: no failed rank, no hang dump, no GPU fault, no straggler on %d nodes"
+                     % len(hosts))
+    job = {"generated": now, "lines": lines, "fixes": list(dict.fromkeys(x for x in fixes if x)), "nodes": nodes,
+           "unreachable": unreachable, "first_failure": first, "flight_recorder": {
+               k: fr.get(k) for k in ("status", "problems", "note", "ranks")}, "hardware": hardware,
+           "kernel_events": other, "stragglers": prog["stragglers"], "stalled": prog["stalled"], "files": files}
+    with open(os.path.join(run_dir, "collect.json"), "w") as out:
+        json.dump(job, out, indent=1, default=str)
+    md = ["# Job diagnosis", "", "## What went wrong", ""] + ["- " + x for x in lines] + ["", "## Fixes", ""]
+    md += ["- " + x for x in job["fixes"]] + ["", "## Nodes", "", "| node | rank | state | last step | steps/s | "
+                                              "compute s/step | files |", "|---|---|---|---|---|---|---|"]
+    for n in nodes:
+        got = [f["path"] for f in files.get(n["host"], []) if f.get("path")]
+        md.append("| %s | %s | %s | %s | %s | %s | %d files in nodes/%s/ |" % (
+            n["host"], n["node_rank"], n["state"], n.get("last_step", ""),
+            "%.2f" % n["steps_per_s"] if n.get("steps_per_s") else "", "%.3f" % n["compute_s"]
+            if n.get("compute_s") is not None else "", len(got), n["host"]))
+    if fr.get("output"):
+        md += ["", "## Flight recorder (PyTorch's analyzer)", "", "```", fr["output"].strip()[-6000:], "```"]
+    if fr.get("note"):
+        md += ["", fr["note"]]
+    with open(os.path.join(run_dir, "collect.md"), "w") as out:
+        out.write("\n".join(md) + "\n")
+    m.exit_json(changed=False, job=job, records=records, lines=lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# trainyard: everything a node knows about the job, read-only, in one call (playbooks/collect.yml).
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: job_collect
+short_description: Gather a node's evidence about the training job (logs, state, dumps, kernel log, GPUs)
+description:
+  - Read-only on the node: safe on a running, hung or dead job. Returns the files as data (base64) for the
+    controller to store under C(runs/<id>/nodes/<host>/).
+  - From the job's state directory (C(<state_root>/<job>/)) the torchrun log (head and tail kept within
+    I(log_max_bytes)), C(launch.json), C(launch.exit.json), C(launch.spec.json), C(janitor.log), C(nccl.env),
+    C(ds_config.json), every rank's flight-recorder dump (C(flight_recorder/rank_<N>)) and progress file
+    (C(progress/rank_<N>.json)); the torchelastic error file of every failed rank named in the log (read in the
+    training container when it is not on the node).
+  - Files the job can write are read without following symbolic links, only when regular, and size-capped;
+    values of secret-looking variables (token, password, key, ...) in env and JSON files are replaced.
+  - The kernel log since the job started (journalctl -k, else dmesg) with its Xid, OOM-killer and segfault
+    events, C(nvidia-smi -q -x), the fabric manager's journal, the training container's C(docker inspect) and
+    log tail. What cannot be read is listed with the reason, never silently left out.
+options:
+  job: {description: The job name (cluster_job_name)., type: str, required: true}
+  state_root: {description: The node-local state root (cluster_state_dir)., type: str, default: /var/lib/trainyard}
+  container: {description: The training container; empty when the job runs on the node., type: str, default: ""}
+  since:
+    description: Epoch seconds the kernel log and journals are read from; 0 = when the job started (launch.json).
+    type: float
+    default: 0
+  log_max_bytes: {description: Cap on the torchrun log (its head and tail are kept)., type: int, default: 4194304}
+  log_head_bytes: {description: Bytes of the log's beginning kept when it is cut., type: int, default: 65536}
+  file_max_bytes: {description: Cap on every other file (the tail is kept)., type: int, default: 1048576}
+  dump_max_bytes:
+    description: Cap on one flight-recorder dump; a larger dump is listed as skipped (a cut pickle is useless).
+    type: int
+    default: 33554432
+  container_log_lines: {description: Lines of the container's log (docker logs --tail)., type: int, default: 2000}
+  fabricmanager_unit: {description: The fabric manager's systemd unit., type: str, default: nvidia-fabricmanager}
+  nvidia_smi: {description: nvidia-smi (name or path); empty skips it., type: str, default: nvidia-smi}
+  timeout: {description: Seconds each command may take; 0 waits forever., type: int, default: 60}
+attributes:
+  check_mode: {support: full}
+  diff_mode: {support: none}
+  idempotent: {support: full}
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Gather the node's evidence
+  job_collect:
+    job: "{{ cluster_job_name }}"
+    state_root: "{{ cluster_state_dir }}"
+    container: trainyard-train
+  register: __launch_collect
+"""
+
+RETURN = r"""
+files:
+  description: "Every item gathered: name (its file name under nodes/<host>/), content (base64, absent when
+    skipped), size (bytes on the node), truncated, skipped (why it is not there, empty when it is)."
+  returned: always
+  type: list
+state: {description: launch.json (secrets removed), or null., returned: always, type: dict}
+started_at: {description: Epoch seconds the job started on this node (launch.json), or null., returned: always, type: float}
+kernel: {description: "source, skipped, truncated and events (Xid, OOM kills, segfaults) of the kernel log.", returned: always, type: dict}
+gpus: {description: Per-GPU health from nvidia-smi -q -x (module_utils/gpu_health.py)., returned: always, type: list}
+smi_error: {description: Why nvidia-smi gave nothing (empty when it did)., returned: always, type: str}
+progress: {description: The ranks' progress files (example trainers)., returned: always, type: list}
+dumps: {description: Names of the flight-recorder dumps gathered., returned: always, type: list}
+"""
+
+import base64
+import json
+import os
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
+from ansible.module_utils.job_collect import (
+    error_files_in_log,
+    redact_env_text,
+    redact_file,
+    safe_listdir,
+    safe_read,
+)
+
+SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
+STATE_FILES = ("launch.json", "launch.exit.json", "launch.spec.json", "launch.pid.json", "nccl.env",
+               "ds_config.json", "janitor.log")
+
+
+class Collector(object):
+    def __init__(self, module):
+        self.m = module
+        self.p = module.params
+        self.dir = os.path.join(self.p["state_root"], self.p["job"])
+        self.files = []
+        t = self.p["timeout"]
+        self._timeout = module.get_bin_path("timeout") if t > 0 else None
+
+    def run(self, argv):
+        if self._timeout:
+            argv = [self._timeout, "-k", "5", str(self.p["timeout"])] + argv
+        return self.m.run_command(argv, environ_update={"LC_ALL": "C"}, errors="surrogate_or_replace")
+
+    def add(self, name, data=None, size=None, truncated=False, skipped=""):
+        if data is not None:
+            data = redact_file(name, data)
+        entry = {"name": name, "size": size if size is not None else (len(data) if data is not None else 0),
+                 "truncated": bool(truncated), "skipped": skipped if data is None else ""}
+        if data is not None:
+            entry["content"] = base64.b64encode(data).decode("ascii")
+        self.files.append(entry)
+
+    def add_read(self, name, path, max_bytes, head=0):
+        r = safe_read(path, max_bytes, head)
+        self.add(name, r["data"], r["size"], r["truncated"], r["skipped"])
+        return r
+
+    def text_cmd(self, name, argv, max_bytes, what):
+        rc, out, err = self.run(argv)
+        text = (out or "") + (("\n" + err) if err and rc != 0 else "")
+        if rc != 0 and not (out or "").strip():
+            self.add(name, skipped="%s failed (exit %s): %s" % (what, rc, (err or "").strip()[:300]))
+            return None
+        data = text.encode("utf-8", "replace")
+        self.add(name, data[-max_bytes:], len(data), len(data) > max_bytes)
+        return text
+
+    def collect(self):
+        p = self.p
+        out = {"changed": False, "node": socket.gethostname(), "state": None, "started_at": None, "gpus": [],
+               "smi_error": "", "progress": [], "dumps": [], "error_files": []}
+        if not os.path.isdir(self.dir):
+            self.add("state-dir", skipped="%s does not exist on this node (the job was never launched here?)"
+                     % self.dir)
+        # The launch state first: it says when the job started and where its log is.
+        state_path = os.path.join(self.dir, "launch.json")
+        st = safe_read(state_path, p["file_max_bytes"])
+        if st["data"]:
+            try:
+                out["state"] = json.loads(redact_file("launch.json", st["data"]).decode("utf-8", "replace"))
+            except ValueError:
+                out["state"] = None
+        state = out["state"] or {}
+        out["started_at"] = state.get("started_at")
+        for name in STATE_FILES:
+            self.add_read(name, os.path.join(self.dir, name), p["file_max_bytes"])
+        log_path = state.get("log") or os.path.join(self.dir, "torchrun.log")
+        if not log_path.startswith(self.dir + os.sep):
+            log_path = os.path.join(self.dir, "torchrun.log")
+        log = self.add_read("torchrun.log", log_path, p["log_max_bytes"], p["log_head_bytes"])
+        log_text = (log["data"] or b"").decode("utf-8", "replace")
+        self.add_read("torchrun.log.1", log_path + ".1", p["file_max_bytes"])
+
+        # torchelastic error files of the failed ranks (inside the container's /tmp when it runs in one).
+        container = p["container"] or (state.get("container") if state.get("runtime") == "docker" else "")
+        docker = self.m.get_bin_path("docker", opt_dirs=SEARCH_DIRS)
+        for i, path in enumerate(error_files_in_log(log_text)):
+            name = "error-%d-%s" % (i, os.path.basename(os.path.dirname(path)) or "rank")
+            out["error_files"].append(path)
+            r = safe_read(path, p["file_max_bytes"])
+            if r["data"] is None and container and docker:
+                rc, o, e = self.run([docker, "exec", container, "head", "-c", str(p["file_max_bytes"]), path])
+                if rc == 0:
+                    self.add(name + ".json", o.encode("utf-8", "replace"))
+                    continue
+                r["skipped"] = "%s (in container %s: %s)" % (r["skipped"], container, (e or "").strip()[:200])
+            self.add(name + ".json", r["data"], r["size"], r["truncated"], r["skipped"])
+
+        # Flight-recorder dumps and progress files: written by the job, read with care.
+        fr_dir = os.path.join(self.dir, "flight_recorder")
+        for n in safe_listdir(fr_dir):
+            if not n.startswith("rank_") or not n[5:].isdigit():
+                continue
+            r = safe_read(os.path.join(fr_dir, n), p["dump_max_bytes"] + 1)
+            if r["data"] is not None and r["size"] > p["dump_max_bytes"]:
+                self.add("flight_recorder/" + n, size=r["size"],
+                         skipped="larger than dump_max_bytes (%d): not collected" % p["dump_max_bytes"])
+                continue
+            self.add("flight_recorder/" + n, r["data"], r["size"], r["truncated"], r["skipped"])
+            if r["data"] is not None:
+                out["dumps"].append(n)
+        prog_dir = os.path.join(self.dir, "progress")
+        for n in safe_listdir(prog_dir):
+            if not (n.startswith("rank_") and n.endswith(".json")):
+                continue
+            r = safe_read(os.path.join(prog_dir, n), 65536)
+            if r["data"] is None:
+                continue
+            self.add("progress/" + n, r["data"], r["size"], r["truncated"])
+            try:
+                rec = json.loads(r["data"].decode("utf-8", "replace"))
+                if isinstance(rec, dict):
+                    out["progress"].append(rec)
+            except ValueError:
+                pass
+        for n in safe_listdir(os.path.join(self.dir, "stacks")):
+            self.add_read("stacks/" + n, os.path.join(self.dir, "stacks", n), p["file_max_bytes"])
+
+        # The kernel log since the job started, and the GPUs.
+        since = p["since"] or out["started_at"] or None
+        journalctl = self.m.get_bin_path("journalctl")
+        kernel = read_kernel_log(self.run, journalctl, self.m.get_bin_path("dmesg"), since,
+                                 p["file_max_bytes"])
+        kernel["events"] = parse_kernel_log(kernel["text"], since=since)
+        if kernel["skipped"]:
+            self.add("kernel.log", skipped=kernel["skipped"])
+        else:
+            self.add("kernel.log", kernel["text"].encode("utf-8", "replace"), truncated=kernel["truncated"])
+        kernel.pop("text")
+        kernel["since"] = since
+        out["kernel"] = kernel
+
+        smi = None
+        if p["nvidia_smi"]:
+            smi = p["nvidia_smi"] if "/" in p["nvidia_smi"] else self.m.get_bin_path(p["nvidia_smi"],
+                                                                                      opt_dirs=SEARCH_DIRS)
+        if not smi:
+            out["smi_error"] = "nvidia-smi not found on the node"
+            self.add("nvidia-smi-q.xml", skipped=out["smi_error"])
+        else:
+            xml = self.text_cmd("nvidia-smi-q.xml", [smi, "-q", "-x"], p["file_max_bytes"] * 4, "nvidia-smi -q -x")
+            if xml is None:
+                out["smi_error"] = self.files[-1]["skipped"]
+            else:
+                try:
+                    out["gpus"] = parse_health_xml(xml)
+                except ValueError as e:
+                    out["smi_error"] = str(e)
+
+        if not journalctl:
+            self.add("fabricmanager.journal", skipped="journalctl is not installed (no systemd journal)")
+        else:
+            argv = [journalctl, "-u", p["fabricmanager_unit"], "--no-pager", "-q", "-o", "short-iso"]
+            argv += ["--since", "@%d" % int(since)] if since else ["-b"]
+            text = self.text_cmd("fabricmanager.journal", argv, p["file_max_bytes"], "journalctl")
+            if text is not None and not text.strip():
+                self.files[-1] = {"name": "fabricmanager.journal", "size": 0, "truncated": False,
+                                  "skipped": "no journal entries of %s since the job started" % p["fabricmanager_unit"]}
+
+        if container and docker:
+            text = self.text_cmd("container.inspect.json", [docker, "inspect", container], p["file_max_bytes"],
+                                 "docker inspect")
+            if text is not None:
+                try:
+                    info = json.loads(text)
+                    hc = (info[0].get("HostConfig") or {}) if info else {}
+                    out["container_state"] = (info[0].get("State") or {}) if info else {}
+                    out["container_limits"] = {k: hc.get(k) for k in ("NanoCpus", "CpuQuota", "CpuPeriod",
+                                                                      "Memory", "CpusetCpus")}
+                except (ValueError, IndexError, AttributeError):
+                    pass
+            rc, o, e = self.run([docker, "logs", "--tail", str(p["container_log_lines"]), container])
+            if rc == 0:
+                data = redact_env_text((o or "") + (e or "")).encode("utf-8", "replace")
+                self.add("container.log", data[-p["file_max_bytes"]:], len(data), len(data) > p["file_max_bytes"])
+            else:
+                self.add("container.log", skipped="docker logs failed (exit %s): %s" % (rc, (e or "").strip()[:200]))
+        elif container:
+            self.add("container.inspect.json", skipped="docker is not installed on the node")
+        else:
+            self.add("container.inspect.json", skipped="the job runs on the node (runtime host): no container")
+        out["files"] = self.files
+        out["collected_at"] = time.time()
+        return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            job=dict(type="str", required=True),
+            state_root=dict(type="str", default="/var/lib/trainyard"),
+            container=dict(type="str", default=""),
+            since=dict(type="float", default=0),
+            log_max_bytes=dict(type="int", default=4 << 20),
+            log_head_bytes=dict(type="int", default=64 << 10),
+            file_max_bytes=dict(type="int", default=1 << 20),
+            dump_max_bytes=dict(type="int", default=32 << 20),
+            container_log_lines=dict(type="int", default=2000),
+            fabricmanager_unit=dict(type="str", default="nvidia-fabricmanager"),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            timeout=dict(type="int", default=60),
+        ),
+        supports_check_mode=True,
+    )
+    module.exit_json(**Collector(module).collect())
+
+
+if __name__ == "__main__":
+    main()

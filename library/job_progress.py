@@ -1,0 +1,181 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# trainyard: the job's progress on a node (per-rank progress files, GPUs) and, when asked, every rank's Python stack.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: job_progress
+short_description: A node's training progress, GPU state and (for a hung job) every rank's Python stack
+description:
+  - Reads the ranks' progress files (C(<state_root>/<job>/progress/rank_<N>.json), written by the entry point) without
+    following links, and C(nvidia-smi -q -x) for utilisation, memory, temperature and clock slowdown reasons.
+  - With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job: with
+    C(py-spy dump) where py-spy runs (on the node or in the training container, which needs CAP_SYS_PTRACE), else
+    with SIGUSR1 to ranks that registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a
+    sitecustomize on the job's PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). A rank is
+    one of this job's only when its environment holds the job's launch token.
+options:
+  job: {description: The job name., type: str, required: true}
+  state_root: {description: The node-local state root., type: str, default: /var/lib/trainyard}
+  container: {description: The training container (py-spy inside it); empty when the job runs on the node., type: str, default: ""}
+  stacks: {description: Take every rank's Python stack., type: bool, default: false}
+  nvidia_smi: {description: nvidia-smi; empty skips the GPU state., type: str, default: nvidia-smi}
+  timeout: {description: Seconds each command may take., type: int, default: 30}
+attributes:
+  check_mode: {support: full}
+  diff_mode: {support: none}
+  idempotent: {support: full}
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Progress and GPUs of the node
+  job_progress:
+    job: train
+  register: __launch_progress
+"""
+
+RETURN = r"""
+progress: {description: The ranks' progress records., returned: always, type: list}
+gpus: {description: "Per GPU: index, util_pct, mem_used_mib, mem_total_mib, temp_c, throttle.", returned: always, type: list}
+gpu_skipped: {description: Why there is no GPU state (empty when there is)., returned: always, type: str}
+stacks: {description: "Per rank: rank, pid, method (py-spy or faulthandler), call, text; or skipped with the reason.", returned: with stacks, type: list}
+"""
+
+import json
+import os
+import signal
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_health import parse_health_xml
+from ansible.module_utils.job_collect import main_call, parse_stacks, safe_listdir, safe_read
+from ansible.module_utils import procgroup as pg
+
+SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
+SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+
+
+def sigusr1_caught(pid):
+    """Whether the process installed a handler for SIGUSR1 (SigCgt of /proc/PID/status)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & SIGUSR1_BIT)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def main():
+    m = AnsibleModule(
+        argument_spec=dict(
+            job=dict(type="str", required=True),
+            state_root=dict(type="str", default="/var/lib/trainyard"),
+            container=dict(type="str", default=""),
+            stacks=dict(type="bool", default=False),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            timeout=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    p = m.params
+    jobdir = os.path.join(p["state_root"], p["job"])
+    tbin = m.get_bin_path("timeout")
+
+    def run(argv):
+        if tbin and p["timeout"] > 0:
+            argv = [tbin, "-k", "5", str(p["timeout"])] + argv
+        return m.run_command(argv, environ_update={"LC_ALL": "C"}, errors="surrogate_or_replace")
+
+    out = {"changed": False, "progress": [], "gpus": [], "gpu_skipped": ""}
+    for n in safe_listdir(os.path.join(jobdir, "progress")):
+        if n.startswith("rank_") and n.endswith(".json"):
+            r = safe_read(os.path.join(jobdir, "progress", n), 65536)
+            try:
+                rec = json.loads((r["data"] or b"").decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "rank" in rec:
+                out["progress"].append(rec)
+    out["now"] = time.time()
+
+    smi = m.get_bin_path(p["nvidia_smi"], opt_dirs=SEARCH_DIRS) if p["nvidia_smi"] else None
+    if not smi:
+        out["gpu_skipped"] = "no nvidia-smi on the node (no GPU)"
+    else:
+        rc, o, e = run([smi, "-q", "-x"])
+        if rc != 0:
+            out["gpu_skipped"] = "nvidia-smi -q -x failed (exit %s): %s" % (rc, (o + e).strip()[:200])
+        else:
+            try:
+                out["gpus"] = [{k: g.get(k) for k in ("index", "pci", "util_pct", "mem_used_mib", "mem_total_mib",
+                                                      "temp_c", "throttle", "power_w")} for g in parse_health_xml(o)]
+            except ValueError as ex:
+                out["gpu_skipped"] = str(ex)
+
+    if p["stacks"]:
+        out["stacks"] = stacks(m, run, jobdir, p["container"], out["progress"])
+    m.exit_json(**out)
+
+
+def stacks(m, run, jobdir, container, progress):
+    """Every rank's Python stack (see DOCUMENTATION)."""
+    st = safe_read(os.path.join(jobdir, "launch.json"), 1 << 20)
+    try:
+        token = json.loads((st["data"] or b"{}").decode()).get("token")
+    except ValueError:
+        token = None
+    if not token:
+        return [{"rank": None, "skipped": "no launch state (launch.json) on this node: no job to dump"}]
+    pyspy = m.get_bin_path("py-spy", opt_dirs=SEARCH_DIRS)
+    docker = m.get_bin_path("docker", opt_dirs=SEARCH_DIRS) if container else None
+    log = os.path.join(jobdir, "torchrun.log")
+    res = []
+    for rec in sorted(progress, key=lambda r: r.get("rank", 0)):
+        rank, pid = rec.get("rank"), rec.get("pid")
+        if not isinstance(pid, int) or pid <= 1:
+            res.append({"rank": rank, "skipped": "its progress file names no process"})
+            continue
+        env = pg.read_environ(pid) or {}
+        if env.get("TRAINYARD_LAUNCH_ID") != token:
+            res.append({"rank": rank, "pid": pid, "skipped": "process %d is not a rank of this job (no launch token): "
+                        "the rank has exited" % pid})
+            continue
+        text, method, why = "", None, []
+        for argv in ([pyspy, "dump", "--pid", str(pid)] if pyspy else None,
+                     [docker, "exec", container, "py-spy", "dump", "--pid", str(pid)] if docker else None):
+            if not argv:
+                continue
+            rc, o, e = run(argv)
+            if rc == 0 and o.strip():
+                text, method = o, "py-spy"
+                break
+            why.append("py-spy: %s" % ((e or o).strip().splitlines() or ["exit %s" % rc])[-1][:200])
+        if not method and sigusr1_caught(pid):
+            start = os.path.getsize(log) if os.path.exists(log) else 0
+            os.kill(pid, signal.SIGUSR1)
+            for _ in range(20):
+                time.sleep(0.25)
+                r = safe_read(log, 4 << 20)
+                tail = (r["data"] or b"").decode("utf-8", "replace")[max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
+                if "most recent call first" in tail:
+                    text, method = tail, "faulthandler (SIGUSR1)"
+                    time.sleep(0.5)
+                    r = safe_read(log, 4 << 20)
+                    text = (r["data"] or b"").decode("utf-8", "replace")[
+                        max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
+                    break
+        elif not method:
+            why.append("SIGUSR1 not caught by the rank (no faulthandler.register(SIGUSR1)): not sent")
+        if not method:
+            res.append({"rank": rank, "pid": pid, "skipped": "; ".join(why) or "no stack tool"})
+            continue
+        threads = parse_stacks(text)
+        res.append({"rank": rank, "pid": pid, "method": method, "call": main_call(threads), "text": text[-20000:]})
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+# -*- coding: utf-8 -*-
+"""Evidence of a job from one node, read safely, and what the controller concludes from every node's evidence.
+
+Pure functions (standard library only) shared by the module `job_collect` (on the nodes), `collect_bundle` (on the
+controller) and the launch role's status filters. Unit tests: tests/unit/test_job_collect.py.
+
+Everything under the job's state directory may have been written by the job (its flight-recorder dumps, progress
+files, logs): it is read without following symbolic links, only from regular files, and never more than a cap.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+
+# ----------------------------------------------------------------------------------------- safe reads
+
+TRUNCATED_MARK = b"\n[... trainyard: %d bytes left out here; the head and the tail are kept ...]\n"
+
+
+def safe_read(path, max_bytes, head_bytes=0, dir_fd=None):
+    """Read a file that the job may control: no symlink followed (O_NOFOLLOW), regular files only, at most
+    `max_bytes` kept. When larger, the first `head_bytes` and the last bytes are kept (the tail always).
+
+    Returns {data: bytes or None, size, truncated, skipped: '' or why}.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd) if dir_fd is not None else os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return {"data": None, "size": 0, "truncated": False, "skipped": "absent"}
+        if e.errno == errno.ELOOP:
+            return {"data": None, "size": 0, "truncated": False, "skipped": "a symbolic link (not followed)"}
+        return {"data": None, "size": 0, "truncated": False, "skipped": "unreadable: %s" % e.strerror}
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return {"data": None, "size": 0, "truncated": False, "skipped": "not a regular file"}
+        size = st.st_size
+        if size <= max_bytes:
+            data = _read_n(fd, max_bytes + 1)[:max_bytes]
+            return {"data": data, "size": size, "truncated": len(data) < size, "skipped": ""}
+        head = _read_n(fd, head_bytes) if head_bytes > 0 else b""
+        tail_n = max(0, max_bytes - len(head))
+        os.lseek(fd, max(len(head), size - tail_n), os.SEEK_SET)
+        tail = _read_n(fd, tail_n)
+        left = size - len(head) - len(tail)
+        return {"data": head + (TRUNCATED_MARK % left) + tail, "size": size, "truncated": True, "skipped": ""}
+    finally:
+        os.close(fd)
+
+
+def _read_n(fd, n):
+    chunks, left = [], n
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def safe_listdir(path):
+    """Names in a directory that is not a symbolic link; [] when absent or a link."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        return []
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+# ----------------------------------------------------------------------------------------- secrets
+
+_SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE|CREDENTIAL|AUTH)", re.I)
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name):
+    return bool(_SECRET.search(str(name)))
+
+
+def redact_env_text(text):
+    """KEY=VALUE lines (env files, logs of env dumps): values of secret-looking names replaced."""
+    out = []
+    for line in text.splitlines(True):
+        m = re.match(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_]*)=(.*?)(\r?\n?)$", line)
+        if m and is_secret_name(m.group(2)):
+            line = "%s%s=%s%s" % (m.group(1), m.group(2), REDACTED, m.group(4))
+        out.append(line)
+    return "".join(out)
+
+
+def redact_json(obj):
+    """Values under secret-looking keys replaced, recursively; also KEY=VALUE strings in lists (argv, env)."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_name(k) and not isinstance(v, (dict, list)) else redact_json(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact_json(v) for v in obj]
+    if isinstance(obj, str):
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=", obj)
+        if m and is_secret_name(m.group(1)):
+            return m.group(1) + "=" + REDACTED
+    return obj
+
+
+def redact_file(name, data):
+    """Bytes of a collected file with secrets removed, by kind (env files, JSON); other files unchanged."""
+    if data is None:
+        return data
+    if name.endswith(".env") or name == "environ":
+        return redact_env_text(data.decode("utf-8", "replace")).encode()
+    if name.endswith(".json"):
+        try:
+            return (json.dumps(redact_json(json.loads(data.decode("utf-8", "replace"))), indent=1) + "\n").encode()
+        except ValueError:
+            return redact_env_text(data.decode("utf-8", "replace")).encode()
+    return data
+
+
+# ----------------------------------------------------------------------------------------- torchelastic error files
+
+_ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(/\S+)\s*$", re.M)
+
+
+def error_files_in_log(text):
+    """Paths of torchelastic error files named in torchrun's failure report (`error_file: /tmp/.../error.json`)."""
+    return list(dict.fromkeys(p for p in _ERROR_FILE.findall(text or "") if p != "<N/A>"))
+
+
+# ----------------------------------------------------------------------------------------- flight recorder
+
+def normalize_fr_dump(dump):
+    """A flight-recorder dump (the unpickled dict) the analyzer can read. Dumps of the gloo backend name the
+    default group '' in pg_config while their entries name it '0' (the analyzer then fails with KeyError:
+    ('0', 0)); such a group is renamed to the name its entries use. Returns (dump, changed)."""
+    cfg = dump.get("pg_config") or {}
+    if "" not in cfg:
+        return dump, False
+    names = {tuple(e.get("process_group") or ("", ""))[:2] for e in dump.get("entries") or []}
+    name, desc = next(iter(sorted(names))) if len(names) == 1 else ("0", "default_pg")
+    fixed = dict(cfg)
+    entry = dict(fixed.pop(""))
+    entry["name"], entry["desc"] = name, entry.get("desc") or desc
+    fixed[name] = entry
+    out = dict(dump)
+    out["pg_config"] = fixed
+    status = out.get("pg_status") or {}
+    if "" in status:
+        status = dict(status)
+        status[name] = status.pop("")
+        out["pg_status"] = status
+    return out, True
+
+
+_FR_FIELDS = {
+    "internal record id": "record_id", "group info": "group", "collective": "op", "missing ranks": "missing_ranks",
+    "input sizes": "input_sizes", "output sizes": "output_sizes", "world size": "world_size",
+    "expected ranks": "expected_ranks", "collective state": "state",
+}
+
+
+def _ranks(value):
+    return sorted(int(x) for x in re.findall(r"-?\d+", value or ""))
+
+
+def parse_fr_report(text):
+    """The analyzer's (torch.distributed.flight_recorder.fr_trace) text -> list of problems:
+    {kind, seq, op, missing_ranks, input_sizes, output_sizes, world_size, expected_ranks, state, group, stack}."""
+    problems, cur, in_stack = [], None, False
+    for line in (text or "").splitlines():
+        m = re.match(r"^(Not all ranks joining collective|Collective sequence number .*?mismatch|"
+                     r".*[Mm]ismatch.*), sequence number: (\d+)", line)
+        if m or line.startswith("Not all ranks joining collective"):
+            cur = {"kind": m.group(1) if m else line.strip(), "seq": int(m.group(2)) if m else None, "stack": []}
+            problems.append(cur)
+            in_stack = False
+            continue
+        if cur is None:
+            continue
+        key, sep, value = line.partition(":")
+        k = key.strip().lower()
+        if sep and k in _FR_FIELDS:
+            field = _FR_FIELDS[k]
+            value = value.strip()
+            if field in ("missing_ranks", "expected_ranks"):
+                cur[field] = _ranks(value)
+            elif field == "world_size":
+                cur[field] = int(value) if value.isdigit() else value
+            else:
+                cur[field] = value
+            in_stack = False
+        elif k == "collective stack trace":
+            in_stack = True
+            if value.strip():
+                cur["stack"].append(value.strip())
+        elif in_stack and line.strip():
+            cur["stack"].append(line.strip())
+    return problems
+
+
+def fr_lines(problems, hosts_by_rank_of, nproc_per_node):
+    """Sentences naming the node and rank(s) that never joined, the collective, its sequence number and sizes."""
+    out = []
+    for p in problems:
+        missing = p.get("missing_ranks") or []
+        who = ", ".join("rank %d on %s (node rank %d, local rank %d)" % (
+            r, hosts_by_rank_of(r // nproc_per_node) if nproc_per_node else "?", r // max(nproc_per_node, 1),
+            r % max(nproc_per_node, 1)) for r in missing) or "no rank named"
+        where = next((s for s in p.get("stack") or [] if "distributed_c10d" not in s and "c10d_logger" not in s), "")
+        out.append("%s never joined collective %s (sequence number %s, input sizes %s, %s) where the other ranks "
+                   "wait%s" % (who, p.get("op", "?"), p.get("seq"), p.get("input_sizes", "?"),
+                               p.get("state", "state unknown"), "; they called it at %s" % where if where else ""))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- progress, stragglers
+
+def _median(values):
+    v = sorted(values)
+    if not v:
+        return None
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
+
+
+def progress_summary(per_node, now, stall_s=300, straggler_ratio=1.3):
+    """per_node: {host: {"node_rank": n, "ranks": [progress dicts of the example trainers]}} ->
+    {nodes: [{host, node_rank, ranks, last_step, steps_total, steps_per_s, eta_s, compute_s, age_s}],
+     stragglers: [{host, node_rank, ranks, compute_s, others_s, ratio, text, fix}], stalled: [hosts], reporting}.
+
+    A straggler is a node whose ranks' median compute time (each rank's own time between collectives, not the
+    lock-stepped step time) is at least straggler_ratio x the median of the other nodes' ranks.
+    """
+    nodes = []
+    for host, info in per_node.items():
+        ranks = [r for r in info.get("ranks") or [] if isinstance(r, dict) and "step" in r]
+        if not ranks:
+            nodes.append({"host": host, "node_rank": info.get("node_rank"), "ranks": [], "last_step": None,
+                          "steps_total": None, "steps_per_s": None, "eta_s": None, "compute_s": None,
+                          "age_s": None})
+            continue
+        step = min(int(r["step"]) for r in ranks)
+        total = max(int(r.get("steps_total") or 0) for r in ranks) or None
+        step_s = _median([float(r["step_s"]) for r in ranks if r.get("step_s")])
+        sps = 1.0 / step_s if step_s else None
+        age = max(0.0, now - max(float(r.get("time") or 0) for r in ranks))
+        nodes.append({"host": host, "node_rank": info.get("node_rank"), "ranks": sorted(int(r["rank"]) for r in ranks),
+                      "last_step": step, "steps_total": total, "steps_per_s": sps,
+                      "eta_s": (total - step) / sps if (sps and total) else None,
+                      "compute_s": _median([float(r["compute_s"]) for r in ranks if r.get("compute_s") is not None]),
+                      "age_s": age})
+    stragglers = []
+    with_c = [n for n in nodes if n["compute_s"] is not None]
+    for n in with_c:
+        others = [o["compute_s"] for o in with_c if o is not n]
+        ref = _median(others)
+        if not ref or ref <= 0:
+            continue
+        ratio = n["compute_s"] / ref
+        if ratio >= straggler_ratio:
+            stragglers.append({
+                "host": n["host"], "node_rank": n["node_rank"], "ranks": n["ranks"], "compute_s": n["compute_s"],
+                "others_s": ref, "ratio": ratio,
+                "text": "%s (node rank %s) is a straggler: its ranks %s compute a step in %.3f s, the other nodes' "
+                        "ranks in %.3f s (%.1fx); every rank waits for it at each collective"
+                        % (n["host"], n["node_rank"], n["ranks"], n["compute_s"], ref, ratio),
+                "fix": "on %s: look for GPU throttling (nvidia_driver.throttle), another process on its GPUs or CPUs "
+                       "(top, nvidia-smi), a CPU quota on the training container (docker inspect: NanoCpus / "
+                       "CpuQuota), a slower data path; replace the node if it stays slow" % n["host"]})
+    stalled = [n["host"] for n in nodes if n["age_s"] is not None and n["age_s"] >= stall_s]
+    return {"nodes": nodes, "stragglers": stragglers, "stalled": stalled,
+            "reporting": sum(1 for n in nodes if n["ranks"])}
+
+
+# ----------------------------------------------------------------------------------------- Python stacks
+
+_SPY_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \((\w+)\)(?:: \"(.*)\")?")
+_SPY_FRAME = re.compile(r"^\s+(\S+) \((.+?):(\d+)\)")
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
+_FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (\S+)')
+
+
+def parse_stacks(text):
+    """py-spy dump or faulthandler output -> [{thread, frames: [{func, file, line}] innermost first}]."""
+    threads, cur = [], None
+    for line in (text or "").splitlines():
+        m = _SPY_THREAD.match(line) or _FH_THREAD.match(line)
+        if m:
+            cur = {"thread": m.group(2) if m.re is _FH_THREAD else m.group(1), "frames": []}
+            threads.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _SPY_FRAME.match(line)
+        if m:
+            cur["frames"].append({"func": m.group(1), "file": m.group(2), "line": int(m.group(3))})
+            continue
+        m = _FH_FRAME.match(line)
+        if m:
+            cur["frames"].append({"func": m.group(3), "file": m.group(1), "line": int(m.group(2))})
+    return threads
+
+
+_BORING = ("threading.py", "selectors.py", "queue.py", "socket.py", "site-packages/torch/_ops.py")
+
+
+def main_call(threads):
+    """The call a rank sits in: of the thread with the deepest stack that is not an idle helper thread, the
+    innermost frame in torch.distributed (the collective) or else the innermost frame, as 'func (file:line)'."""
+    best = None
+    for t in threads:
+        frames = t["frames"]
+        if not frames or all(any(b in f["file"] for b in _BORING) for f in frames[:1]) and len(frames) < 3:
+            continue
+        if best is None or len(frames) > len(best["frames"]):
+            best = t
+    if best is None:
+        return None
+    frames = best["frames"]
+    dist = [f for f in frames if "torch/distributed" in f["file"] and f["func"] not in ("wrapper",)]
+    f = dist[0] if dist else frames[0]
+    caller = next((g for g in frames if "torch/" not in g["file"] and "site-packages" not in g["file"]), None)
+    text = "%s (%s:%d)" % (f["func"], os.path.basename(f["file"]), f["line"])
+    if caller and caller is not f:
+        text += " called from %s (%s:%d)" % (caller["func"], os.path.basename(caller["file"]), caller["line"])
+    return text
+
+
+def group_calls(per_rank):
+    """{rank: call text or None} -> [{call, ranks}] (largest group first): which ranks sit in which call."""
+    groups = {}
+    for rank, call in sorted(per_rank.items()):
+        groups.setdefault(call or "(no stack)", []).append(rank)
+    return [{"call": c, "ranks": r} for c, r in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))]

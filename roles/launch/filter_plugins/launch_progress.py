@@ -1,0 +1,94 @@
+# -*- coding: utf-8 -*-
+"""Filters of the launch role's status entry point: per-node progress (steps, speed, ETA, GPUs), stragglers and the
+ranks' Python stacks as one table. The logic is in module_utils/job_collect.py (tests/unit/test_job_collect.py);
+this file hands it the play's host variables (tests/unit/test_launch_progress.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "trainyard_job_collect", Path(__file__).resolve().parents[3] / "module_utils" / "job_collect.py")
+job_collect = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(job_collect)
+
+
+def _res(hostvars, host, key):
+    try:
+        v = hostvars[host].get(key)
+    except (KeyError, AttributeError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def launch_progress_summary(hostvars, hosts, stall_s=300, straggler_ratio=1.3):
+    """{nodes, stragglers, stalled, reporting, gpus: {host: [...]}, gpu_skipped: {host: why}} from every node's
+    job_progress result (registered as __launch_progress)."""
+    per_node, gpus, skipped, now = {}, {}, {}, 0.0
+    for i, h in enumerate(hosts):
+        r = _res(hostvars, h, "__launch_progress")
+        model = _res(hostvars, h, "cluster_model")
+        per_node[h] = {"node_rank": model.get("node_rank", i), "ranks": r.get("progress") or []}
+        gpus[h] = r.get("gpus") or []
+        skipped[h] = r.get("gpu_skipped") or ("" if r else "no result from the node")
+        now = max(now, float(r.get("now") or 0))
+    out = job_collect.progress_summary(per_node, now, float(stall_s), float(straggler_ratio))
+    out["gpus"], out["gpu_skipped"] = gpus, skipped
+    return out
+
+
+def _fmt(v, spec, empty="-"):
+    return empty if v is None else spec % v
+
+
+def launch_progress_lines(summary, states=None):
+    """The status table: one line per node, then the stragglers and a stalled warning."""
+    states = states or {}
+    rows = [("node", "rank", "state", "step", "steps/s", "ETA", "compute s", "GPU util", "GPU mem", "temp",
+             "throttle")]
+    for n in summary["nodes"]:
+        g = summary["gpus"].get(n["host"]) or []
+        if g:
+            util = "/".join(_fmt(x.get("util_pct"), "%d%%") for x in g)
+            mem = "/".join(_fmt(x.get("mem_used_mib"), "%d") for x in g) + " MiB"
+            temp = "/".join(_fmt(x.get("temp_c"), "%dC") for x in g)
+            thr = ",".join(sorted({t for x in g for t in (x.get("throttle") or []) if t != "gpu_idle"})) or "none"
+        else:
+            util = mem = temp = thr = "skip: " + (summary["gpu_skipped"].get(n["host"]) or "no GPU")
+            mem = temp = thr = ""
+        eta = n.get("eta_s")
+        rows.append((n["host"], str(n.get("node_rank")), states.get(n["host"], "?"), _fmt(n.get("last_step"), "%d"),
+                     _fmt(n.get("steps_per_s"), "%.2f"),
+                     "-" if eta is None else "%dh%02dm%02ds" % (eta // 3600, eta % 3600 // 60, eta % 60),
+                     _fmt(n.get("compute_s"), "%.3f"), util, mem, temp, thr))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for s in summary["stragglers"]:
+        lines.append("STRAGGLER " + s["text"] + ". fix: " + s["fix"])
+    if summary["stalled"]:
+        lines.append("STALLED: no progress on %s for at least the stall time: every rank's stack follows"
+                     % ", ".join(summary["stalled"]))
+    if not summary["reporting"]:
+        lines.append("no progress files: the entry point writes none (the example trainers write "
+                     "$TRAINYARD_PROGRESS_DIR/rank_<rank>.json)")
+    return lines
+
+
+def launch_stack_lines(hostvars, hosts):
+    """Which ranks sit in which call, from every node's stack dumps (registered as __launch_stacks)."""
+    per_rank, notes = {}, []
+    for h in hosts:
+        for s in _res(hostvars, h, "__launch_stacks").get("stacks") or []:
+            if s.get("skipped"):
+                notes.append("%s rank %s: no stack: %s" % (h, s.get("rank"), s["skipped"]))
+            else:
+                per_rank["%s (%s, %s)" % (s.get("rank"), h, s.get("method"))] = s.get("call")
+    lines = ["ranks %s sit in %s" % (", ".join(g["ranks"]), g["call"]) for g in job_collect.group_calls(per_rank)]
+    return lines + notes
+
+
+class FilterModule:
+    def filters(self):
+        return {"launch_progress_summary": launch_progress_summary, "launch_progress_lines": launch_progress_lines,
+                "launch_stack_lines": launch_stack_lines}

@@ -1,0 +1,121 @@
+"""playbooks/collect.yml and the progress part of playbooks/status.yml on the simulated cluster: a real DDP job
+over gloo (examples/ddp_train.py with CPU-bound work per step, per-rank progress files), faults injected by the
+stand-ins (Xid 79 in node 2's kernel log through the stand-in dmesg, a pending row remap and uncorrectable ECC
+errors in its nvidia-smi XML). Each must be named by node and rank, with the fix; the evidence of every node lands
+in runs/<id>/; status.yml shows each node's progress and GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+
+LAUNCH = "tests/integration/playbooks/launch.yml"
+STATE = "/var/lib/trainyard/train"
+FAULT = "/etc/trainyard-standin/fault"
+CONTAINER = "trainyard-train"
+ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "400", "--output-root", "/srv/outputs"]
+
+
+def steps(cluster, node) -> int:
+    """The lowest step in the node's progress files (0 before the first)."""
+    out = cluster.exec(node, ["sh", "-c", f"cat {STATE}/progress/rank_*.json 2>/dev/null"], check=False).stdout
+    found = [int(m) for m in re.findall(r'"step": (\d+)', out)]
+    return min(found) if found else 0
+
+
+def wait_until(pred, timeout, step=2.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def launch(cluster, *args):
+    return cluster.playbook(LAUNCH, *args)
+
+
+def run_dir_of(output: str) -> Path:
+    m = re.search(r"Summary: (\S+)/collect\.md", output)
+    assert m, output[-4000:]
+    return Path(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def job(cluster):
+    """The example job on every node with progress files; node 2 given GPU faults."""
+    r = launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+    assert r.returncode == 0, r.stdout[-3000:]
+    for node in cluster.nodes:
+        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {STATE}/progress && rm -f {STATE}/progress/*"])
+    extra = {"launch_example_argv": ARGV, "launch_wait_timeout": 600,
+             "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{STATE}/progress"}}
+    r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
+    assert r.returncode == 0, r.stdout[-3000:]
+    bad = cluster.nodes[1]
+    assert wait_until(lambda: all(steps(cluster, n) >= 3 for n in cluster.nodes), 900), "no progress files"
+    cluster.exec(bad, ["sh", "-c", f"mkdir -p /etc/trainyard-standin && printf 'xid=79@0\\necc=2@3\\nremap=pending@3\\n'"
+                                   f" > {FAULT}"])
+    try:
+        yield cluster
+    finally:
+        cluster.exec(bad, ["rm", "-f", FAULT], check=False)
+        launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+
+
+def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
+    bad = job.nodes[1]
+    r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = job.playbook("playbooks/collect.yml")
+    out = r.stdout
+    assert r.returncode == 0, out[-4000:]
+    # Xid 79 on node 2's GPU 0 (the rank there: node rank 1, local rank 0 -> rank 1), with the fix.
+    assert re.search(rf"{bad}: nvidia_driver.xid FAIL: Xid 79 on {bad} \(node rank 1\) GPU 0 \(0000:00:06\), "
+                     r"rank 1 \(local rank 0\)", out), out[-4000:]
+    assert "power-cycle" in out
+    assert re.search(rf"{bad}: nvidia_driver.ecc FAIL: .*{bad} \(node rank 1\) GPU 3 .*row remap pending", out)
+    for node in job.nodes:
+        assert f"{node}: nvidia_driver.xid" not in out or node == bad
+
+    run = run_dir_of(out)
+    for node in job.nodes:
+        d = run / "nodes" / node
+        log = (d / "torchrun.log").read_text()
+        assert "trainyard: rendezvous done" in log
+        assert (d / "nccl.env").exists() is False  # the stand-in env file is test.env, not nccl.env
+        assert json.loads((d / "launch.json").read_text())["job"] == "train"
+        assert (d / "nvidia-smi-q.xml").read_text().lstrip().startswith("<?xml")
+        assert json.loads((d / "container.inspect.json").read_text())[0]["Name"] == "/" + CONTAINER
+        assert list((d / "progress").glob("rank_*.json"))
+    assert "fallen off the bus" in (run / "nodes" / bad / "kernel.log").read_text()
+    listing = json.loads((run / "nodes" / job.nodes[0] / "collect.json").read_text())["files"]
+    assert any(f["name"] == "fabricmanager.journal" and f["skipped"] for f in listing)
+    page = (run / "health.html").read_text()
+    assert 'id="job"' in page and f'href="nodes/{bad}/kernel.log"' in page
+    with tarfile.open(run / "collect.tar.gz") as t:
+        names = t.getnames()
+    assert any(n.endswith(f"nodes/{bad}/kernel.log") for n in names) and any(n.endswith("health.html") for n in names)
+    report = json.loads((run / "report.json").read_text())
+    rec = {(x["host"], x["check"]): x["status"] for x in report["records"]}
+    assert rec[(bad, "nvidia_driver.xid")] == "fail" and rec[(job.nodes[0], "nvidia_driver.xid")] == "pass"
+    # every node reported progress (the straggler verdict itself is unit-tested: tests/unit/test_job_collect.py)
+    assert {rec[(n, "job.straggler")] for n in job.nodes} <= {"pass", "warn"}
+
+
+def test_status_shows_progress_and_gpus_per_node(job):
+    r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:]
+    for node in job.nodes:
+        assert re.search(rf"{node}\s+\d\s+running\s+\d+\s+\d+\.\d\d\s", out), out[-3000:]
+    # the stand-in GPUs: utilisation, memory, temperature per GPU
+    assert "0%/0%/0%/0%" in out and "38C" in out

@@ -1,0 +1,46 @@
+"""The launch role's status filters (roles/launch/filter_plugins/launch_progress.py): the per-node table, the
+straggler line and the ranks grouped by the call they sit in, from job_progress results as hostvars hold them."""
+
+from conftest import load
+
+lp = load("roles/launch/filter_plugins/launch_progress.py", "launch_progress")
+
+
+def rank(r, node_rank, compute, step=40, t=100.0):
+    return {"rank": r, "node_rank": node_rank, "step": step, "steps_total": 100, "time": t, "step_s": 0.25,
+            "compute_s": compute}
+
+
+def hostvars():
+    gpu = {"index": 0, "util_pct": 97, "mem_used_mib": 70000, "temp_c": 81, "throttle": ["gpu_idle"]}
+    return {
+        "n1": {"cluster_model": {"node_rank": 0}, "__launch_progress": {
+            "progress": [rank(0, 0, 0.1)], "gpus": [gpu], "now": 101.0}},
+        "n2": {"cluster_model": {"node_rank": 1}, "__launch_progress": {
+            "progress": [rank(1, 1, 0.4)], "gpus": [dict(gpu, throttle=["hw_slowdown"], temp_c=92)], "now": 101.0},
+            "__launch_stacks": {"stacks": [{"rank": 1, "method": "py-spy", "call": "main (train.py:9)"}]}},
+        "n3": {"cluster_model": {"node_rank": 2}, "__launch_progress": {
+            "progress": [rank(2, 2, 0.11)], "gpus": [], "gpu_skipped": "no nvidia-smi on the node (no GPU)",
+            "now": 101.0},
+            "__launch_stacks": {"stacks": [{"rank": 2, "skipped": "SIGUSR1 not caught"}]}},
+    }
+
+
+def test_table_has_a_row_per_node_with_speed_eta_and_gpus():
+    s = lp.launch_progress_summary(hostvars(), ["n1", "n2", "n3"], 300, 1.3)
+    lines = lp.launch_progress_lines(s, {"n1": "running", "n2": "running", "n3": "running"})
+    assert lines[0].split() == ["node", "rank", "state", "step", "steps/s", "ETA", "compute", "s", "GPU", "util",
+                                "GPU", "mem", "temp", "throttle"]
+    n1 = lines[1].split()
+    assert n1[:7] == ["n1", "0", "running", "40", "4.00", "0h00m15s", "0.100"] and "97%" in n1 and "81C" in n1
+    assert "hw_slowdown" in lines[2] and "92C" in lines[2]
+    assert "skip: no nvidia-smi on the node (no GPU)" in lines[3]
+    assert lines[4].startswith("STRAGGLER n2 (node rank 1) is a straggler: its ranks [1]")
+    assert not any(x.startswith("STALLED") for x in lines)
+
+
+def test_stalled_and_stack_groups():
+    s = lp.launch_progress_summary(hostvars(), ["n1", "n2", "n3"], 0.5, 1.3)
+    assert s["stalled"] == ["n1", "n2", "n3"]
+    lines = lp.launch_stack_lines(hostvars(), ["n1", "n2", "n3"])
+    assert lines == ["ranks 1 (n2, py-spy) sit in main (train.py:9)", "n3 rank 2: no stack: SIGUSR1 not caught"]
