@@ -355,3 +355,15 @@ def test_inactive_nvlinks_fail():
     f["gpus"][1]["nvlink"] = {"links": 18, "active": 0, "inactive": 18, "gbps": 0.0}
     r = fm_records(f)["fabricmanager.nvlink"]
     assert r["status"] == "fail" and "GPU 1 (00000000:00:07.0): 18 of 18 NVLinks inactive" in r["detail"]
+
+
+def test_shared_gpu_is_a_warning_only_when_allowed():
+    c = healthy_cluster()
+    c["n3"]["gpus"] = [dict(g) for g in c["n2"]["gpus"]]  # two "nodes" on one machine, both on every GPU
+    r = records_for(c, "n3", shared_gpus_ok=True)["nvidia_driver.uuid_unique"]
+    assert r["status"] == "warn" and "allowed by nvidia_driver_allow_shared_gpus" in r["detail"]
+    assert "n2, n3" in r["detail"]
+    assert records_for(c, "n3", shared_gpus_ok=False)["nvidia_driver.uuid_unique"]["status"] == "fail"
+    # a UUID twice within one node stays a failure
+    c["n3"]["gpus"][1] = dict(c["n3"]["gpus"][0])
+    assert records_for(c, "n3", shared_gpus_ok=True)["nvidia_driver.uuid_unique"]["status"] == "fail"
