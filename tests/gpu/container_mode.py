@@ -65,7 +65,8 @@ class Engine:
                                                  if p))
 
     def docker(self, *args, **kw):
-        return sh([f"{self.engine}/bin/docker", *args], env=self.env, **kw)
+        kw["env"] = dict(self.env, **(kw.get("env") or {}))
+        return sh([f"{self.engine}/bin/docker", *args], **kw)
 
     def up(self) -> dict:
         facts = {}
