@@ -17,7 +17,7 @@ export TORCH_CUDA_ARCH_LIST ?= 9.0
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-venv: $(VENV)/.stamp ## create .venv/ with the pinned controller toolchain
+venv: $(VENV)/.stamp .cache/llamafactory-site/.stamp ## create .venv/ with the pinned controller toolchain
 
 $(VENV)/.stamp: requirements.txt requirements-ml.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ $(VENV)/.stamp: requirements.txt requirements-ml.txt
 	ls .cache/wheels/deepspeed-0.19.8-*.whl >/dev/null 2>&1 || \
 	  DS_BUILD_OPS=0 $(VENV)/bin/pip wheel -q --no-deps --no-build-isolation -w .cache/wheels deepspeed==0.19.8
 	$(VENV)/bin/pip install -q --no-deps .cache/wheels/deepspeed-0.19.8-*.whl
+	touch $@
+
+# LLaMA-Factory's parser for the llamafactory profile's render-time check, beside the venv (requirements file says why).
+.cache/llamafactory-site/.stamp: requirements-llamafactory.txt $(VENV)/.stamp
+	rm -rf .cache/llamafactory-site
+	$(VENV)/bin/pip install -q --no-deps --target .cache/llamafactory-site -r requirements-llamafactory.txt
 	touch $@
 
 engine: ## install and start the docker engine and the local registry (no systemd needed)

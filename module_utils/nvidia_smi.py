@@ -494,7 +494,12 @@ def driver_records(host, facts, all_facts, opts):
                                                         for h, f in all_facts.items()))
              if host in d["hosts"]]
     local = duplicates([g.get("uuid") for g in gpus])
-    if cross or local:
+    if cross and not local and str(opts.get("shared_gpus_ok")).lower() in ("true", "1"):
+        recs.append(_rec("nvidia_driver.uuid_unique", "warn", "GPU shared by inventory nodes (allowed by "
+                         "nvidia_driver_allow_shared_gpus): " + "; ".join(
+                             "%s on %s" % (d["uuid"], ", ".join(d["hosts"])) for d in cross),
+                         "Set nvidia_driver_allow_shared_gpus: false on a real cluster"))
+    elif cross or local:
         parts = ["%s on %s" % (d["uuid"], ", ".join(d["hosts"])) for d in cross]
         parts += ["%s twice on %s" % (u, host) for u in local]
         recs.append(_rec("nvidia_driver.uuid_unique", "fail", "GPU UUID seen more than once: " + "; ".join(parts),

@@ -4,6 +4,9 @@
     python3 tests/gpu/acceptance.py OUTDIR                  # a machine with >= 2 NVIDIA GPUs, as root
     python3 tests/gpu/acceptance.py OUTDIR --cpu-rehearsal  # the same steps on a CPU machine: the stand-in
                                                             # nvidia-smi, the CPU/gloo example, small sizes
+    python3 tests/gpu/acceptance.py OUTDIR --mode container-llamafactory --engine DIR --site DIR [--stage S]
+        # a machine with >= 1 NVIDIA GPU, as root: LLaMA-Factory in the training container, two nodes on one GPU,
+        # through a docker engine and a local registry started from DIR (tests/gpu/container_mode.py says how)
 
 Each step runs the product's own playbooks (ansible-playbook with a local connection) and is timed:
   1. site.yml: validation, preflight with the real nvidia_gpu_facts module, nccl env and ds_config.json
@@ -41,7 +44,7 @@ GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NV
 
 
 class Acceptance:
-    def __init__(self, out: Path, rehearsal: bool, root: Path):
+    def __init__(self, out: Path, rehearsal: bool, root: Path, mode: str = "two-nodes-host"):
         self.out, self.rehearsal, self.root = out, rehearsal, root
         self.results: dict = {"steps": {}, "figures": {}, "ok": True}
         self.env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
@@ -57,6 +60,12 @@ class Acceptance:
                             TRAINYARD_STANDIN_FAULT=str(out / "no-fault"))
         listing = subprocess.run(["nvidia-smi", "-L"], env=self.env, capture_output=True, text=True, check=True)
         self.ngpu = sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+        if mode == "container-llamafactory":  # both nodes on GPU 0: one GPU is enough
+            if self.ngpu < 1:
+                sys.exit("this machine shows no GPU; the container mode needs at least 1")
+            self.extra = {"gpu_acceptance_root": str(root), "gpu_acceptance_repo": str(REPO),
+                          "cluster_gpus_per_node": self.ngpu}
+            return
         if self.ngpu < 2:
             sys.exit(f"this machine shows {self.ngpu} GPU(s); the acceptance needs at least 2")
         self.half = self.ngpu // 2
@@ -304,9 +313,51 @@ def main() -> int:
     p.add_argument("out", type=Path, help="where logs, reports and figures go")
     p.add_argument("--cpu-rehearsal", action="store_true", help="stand-in nvidia-smi and the CPU example")
     p.add_argument("--root", type=Path, default=Path("/tmp/trainyard-gpu"), help="the nodes' files")
+    p.add_argument("--mode", choices=["two-nodes-host", "container-llamafactory"], default="two-nodes-host",
+                   help="two-nodes-host: the job on the host (>= 2 GPUs); container-llamafactory: LLaMA-Factory in "
+                        "the training container (>= 1 GPU)")
+    p.add_argument("--stage", choices=["prepare", "run", "all"], default="all",
+                   help="container mode: prepare (engine, registry, base image), run (image, playbooks), or both")
+    p.add_argument("--engine", type=Path, help="container mode: the engine's binaries (bin/, lib/)")
+    p.add_argument("--site", type=Path, help="container mode: LLaMA-Factory and its pinned packages (pip --target)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/trainyard-engine"),
+                   help="container mode: the engine's and the registry's data")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "container-llamafactory":
+        return container_main(args)
     return Acceptance(args.out.resolve(), args.cpu_rehearsal, args.root).run()
+
+
+def container_main(args) -> int:
+    """LLaMA-Factory in the training container (tests/gpu/container_mode.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import container_mode as cm
+
+    if not args.engine:
+        sys.exit("--mode container-llamafactory needs --engine DIR (dockerd, containerd, runc, docker, docker-registry)")
+    out = args.out.resolve()
+    engine = cm.Engine(args.engine.resolve(), args.work)
+    facts_path = out / "prepare.json"
+    facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
+    t0 = time.monotonic()
+    facts.update(engine.up())
+    facts["engine_up_s"] = round(time.monotonic() - t0, 1)
+    if args.stage in ("prepare", "all"):
+        facts.update(cm.build_base(engine, args.work))
+        facts_path.write_text(json.dumps(facts, indent=2))
+        print(json.dumps(facts, indent=2), flush=True)
+        if args.stage == "prepare":
+            return 0
+    if not args.site:
+        sys.exit("--stage run needs --site DIR (LLaMA-Factory and its pinned packages installed with pip --target)")
+    facts.update(cm.register_driver_dir())
+    facts.update(cm.build_image(engine, args.work, args.site.resolve()))
+    acc = Acceptance(out, False, args.root, mode="container-llamafactory")
+    acc.results["engine"] = facts
+    rc = cm.ContainerAcceptance(acc, engine, args.work).run()
+    acc.finish(threading.Event())
+    return rc or (0 if acc.results["ok"] else 1)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ def assert_healthy(records: dict, nodes: list[str], pulled: bool = True) -> None
                       "container.health.shared_readable", "container.health.logger", "container.health.python",
                       "container.health.torch", "container.health.ulimits"):
             assert recs[check]["status"] == "pass", (node, recs[check])
+        # CPU nodes: no GPU to give, and the in-container GPU comparison cannot run, so it skips with the reason
+        assert recs["container.gpus"]["status"] == "pass" and "no GPUs on this node" in recs["container.gpus"]["detail"]
+        vis = recs["container.health.gpu_visible"]
+        assert vis["status"] == "skip" and "no GPU on this node" in vis["detail"], (node, vis)
 
 
 @pytest.fixture(scope="module")

@@ -222,4 +222,98 @@ def test_health_records_when_probe_cannot_run():
     assert "executable file not found" in by["container.health.python"]["detail"]
     assert all(r["status"] == "skip" for c, r in by.items() if c != "container.health.python")
     skipped = cf.health_records({"skipped": True, "skip_reason": "trainyard-train is not running"}, PARAMS)
-    assert len(skipped) == 8 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
+    assert len(skipped) == 9 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
+
+
+# ---------------------------------------------------------------- gpu mode devices
+
+# `ldconfig -p` of a node with driver 580.159.04, a leftover of driver 570 in the cache, and 32-bit entries.
+LDCACHE = """1234 libs found in cache `/etc/ld.so.cache'
+\tlibnvidia-ptxjitcompiler.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1
+\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
+\tlibnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1
+\tlibnvidia-nvvm.so.4 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4
+\tlibnvidia-opencl.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1
+\tlibnvidia-glcore.so.580.159.04 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-glcore.so.580.159.04
+\tlibcudart.so.13 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.13
+\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+\tlibcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
+\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
+"""
+
+
+def test_ldcache_driver_libs_keeps_the_drivers_64_bit_libraries_once():
+    libs = cf.ldcache_driver_libs(LDCACHE)
+    assert [x["name"] for x in libs] == ["libnvidia-ptxjitcompiler.so.1", "libnvidia-ml.so.1", "libnvidia-nvvm.so.4",
+                                         "libnvidia-opencl.so.1", "libcuda.so.1", "libcuda.so"]
+    assert all("/x86_64-linux-gnu/" in x["path"] for x in libs)  # no i386, no CUDA runtime, no GL
+
+
+def test_driver_lib_mounts_take_only_the_running_drivers_files():
+    libs = cf.ldcache_driver_libs(LDCACHE)
+    d = "/usr/lib/x86_64-linux-gnu/"
+    stats = [{"exists": True, "islnk": True, "lnk_source": d + "libnvidia-ptxjitcompiler.so.580.159.04"},
+             {"exists": True, "islnk": True, "lnk_source": d + "libnvidia-ml.so.580.159.04"},
+             {"exists": True, "islnk": True, "lnk_source": d + "libnvidia-nvvm.so.570.86.10"},  # stale leftover
+             {"exists": False},
+             {"exists": True, "islnk": True, "lnk_source": d + "libcuda.so.580.159.04"},
+             {"exists": True, "islnk": True, "lnk_source": d + "libcuda.so.580.159.04"}]
+    out = cf.driver_lib_mounts(libs, stats, "580.159.04", "/usr/local/nvidia/lib64")
+    assert out["libraries"] == ["libnvidia-ptxjitcompiler.so.1", "libnvidia-ml.so.1", "libcuda.so.1", "libcuda.so"]
+    assert out["stale"] == [f"libnvidia-nvvm.so.4 -> {d}libnvidia-nvvm.so.570.86.10"]
+    assert out["missing"] == []
+    assert {"source": d + "libcuda.so.580.159.04", "target": "/usr/local/nvidia/lib64/libcuda.so.1",
+            "read_only": True} in out["mounts"]
+    assert all(m["read_only"] for m in out["mounts"])
+    # another driver version than nvidia-smi reports: nothing fits, libcuda and NVML are named missing
+    other = cf.driver_lib_mounts(libs, stats, "590.1.2")
+    assert other["mounts"] == [] and other["missing"] == ["libcuda", "libnvidia-ml"]
+
+
+def test_gpu_device_nodes_leave_out_caps_and_unknown_nodes():
+    found = ["/dev/nvidia-caps", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm",
+             "/dev/nvidia-uvm-tools", "/dev/nvidia10", "/dev/nvidia-modeset", "/dev/nvidia-fs"]
+    assert cf.gpu_device_nodes(found) == [
+        "/dev/nvidia0:/dev/nvidia0:rwm", "/dev/nvidia1:/dev/nvidia1:rwm", "/dev/nvidia10:/dev/nvidia10:rwm",
+        "/dev/nvidiactl:/dev/nvidiactl:rwm", "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
+        "/dev/nvidia-modeset:/dev/nvidia-modeset:rwm", "/dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm"]
+
+
+def test_gpu_visible_verdict():
+    want = ["GPU-aaaa", "GPU-bbbb"]
+    assert cf.gpu_visible_verdict({"uuids": ["GPU-bbbb", "GPU-aaaa"]}, want, "devices")["status"] == "pass"
+    short = cf.gpu_visible_verdict({"uuids": ["GPU-aaaa"]}, want, "devices")
+    assert short["status"] == "fail" and "1 of 2" in short["detail"] and "missing GPU-bbbb" in short["detail"]
+    alien = cf.gpu_visible_verdict({"uuids": ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]}, want, "runtime")
+    assert alien["status"] == "fail" and "not on the node GPU-cccc" in alien["detail"]
+    err = cf.gpu_visible_verdict({"error": "nvidia-smi exited 9: NVIDIA-SMI has failed"}, want, "devices")
+    assert err["status"] == "fail" and "NVIDIA-SMI has failed" in err["detail"]
+    assert cf.gpu_visible_verdict({"uuids": []}, [], "devices")["status"] == "skip"
+
+
+def test_health_records_gpu_visible_from_the_probe():
+    base = {"python": {"ok": True, "detail": "3.12"}}
+    params = dict(PARAMS, gpu_uuids=["GPU-aaaa"], gpu_mode="devices")
+    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+        dict(base, gpu_visible={"uuids": ["GPU-aaaa"]}))}, params)}
+    assert recs["container.health.gpu_visible"]["status"] == "pass"
+    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+        dict(base, gpu_visible={"uuids": []}))}, params)}
+    assert recs["container.health.gpu_visible"]["status"] == "fail"
+    assert "container_gpu_mode" in recs["container.health.gpu_visible"]["fix"]
+    # no GPU on the node (the CPU simulation): the probe skips with the reason, never passes
+    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+        dict(base, gpu_visible={"status": "skip", "detail": "no GPU on this node"}))}, params)}
+    assert recs["container.health.gpu_visible"] == {"check": "container.health.gpu_visible", "status": "skip",
+                                                    "detail": "no GPU on this node", "fix": ""}
+
+
+def test_config_problems_gpu_mode_devices_wants_the_device_nodes():
+    inspect = {"State": {"Running": True}, "HostConfig": {"NetworkMode": "host", "Devices": [
+        {"PathOnHost": "/dev/nvidiactl", "PathInContainer": "/dev/nvidiactl", "CgroupPermissions": "rwm"}]}}
+    want = {"gpus": True, "gpu_mode": "devices",
+            "devices": ["/dev/nvidia0:/dev/nvidia0:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm"]}
+    assert cf.config_problems(inspect, want) == [
+        "GPU device node(s) /dev/nvidia0 not given to the container (gpu_mode devices)"]
+    assert cf.config_problems(inspect, dict(want, gpu_mode="runtime")) == ["no GPU device request (the node has GPUs)"]

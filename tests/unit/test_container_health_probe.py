@@ -87,3 +87,18 @@ def test_a_failed_import_is_never_kept(tmp_path: Path):
     assert out["logger"]["status"] == "skip" and "cached" not in out["torch"]
     out = probe({"logger_module": "trainyard_no_such_logger", "import_cache": str(cache), "instance": "c1/t/i"})
     assert not ok(out["logger"]) and "cached" not in out["torch"]
+
+
+def test_gpu_visible_lists_the_uuids_nvidia_smi_shows(tmp_path: Path, monkeypatch):
+    # the stand-in nvidia-smi replays a real H200 x4 node's answers (the NVIDIA stack is the one stand-in)
+    monkeypatch.setenv("TRAINYARD_STANDIN_DATA", str(REPO / "tests/data/nvidia-smi/h200x4"))
+    out = probe({"gpus": True, "nvidia_smi": str(REPO / "tests/sim/standin/nvidia-smi")})
+    assert len(out["gpu_visible"]["uuids"]) == 4 and all(u.startswith("GPU-") for u in out["gpu_visible"]["uuids"])
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere: an error, never an empty pass
+    broken = probe({"gpus": True, "nvidia_smi": str(tmp_path / "missing-smi")}, via_c=False)
+    assert "nvidia-smi" in broken["gpu_visible"]["error"] and "uuids" not in broken["gpu_visible"]
+
+
+def test_gpu_visible_skips_without_gpus():
+    out = probe({"gpus": False, "gpu_skip_reason": "no GPU on this node (/dev/nvidiactl absent)"})
+    assert out["gpu_visible"] == {"status": "skip", "detail": "no GPU on this node (/dev/nvidiactl absent)"}

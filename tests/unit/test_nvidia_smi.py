@@ -397,3 +397,15 @@ def test_non_utf8_bytes_in_the_xml_are_replaced_not_fatal():
     raw = xml("nvidia-smi-q.xml").replace("NVIDIA H200", "NVIDIA H200 \udcff\udcfe", 1)
     f = ns.parse_query_xml(raw)
     assert f["gpus"][0]["name"].startswith("NVIDIA H200 ") and len(f["gpus"]) == 4
+
+
+def test_shared_gpu_is_a_warning_only_when_allowed():
+    c = healthy_cluster()
+    c["n3"]["gpus"] = [dict(g) for g in c["n2"]["gpus"]]  # two "nodes" on one machine, both on every GPU
+    r = records_for(c, "n3", shared_gpus_ok=True)["nvidia_driver.uuid_unique"]
+    assert r["status"] == "warn" and "allowed by nvidia_driver_allow_shared_gpus" in r["detail"]
+    assert "n2, n3" in r["detail"]
+    assert records_for(c, "n3", shared_gpus_ok=False)["nvidia_driver.uuid_unique"]["status"] == "fail"
+    # a UUID twice within one node stays a failure
+    c["n3"]["gpus"][1] = dict(c["n3"]["gpus"][0])
+    assert records_for(c, "n3", shared_gpus_ok=True)["nvidia_driver.uuid_unique"]["status"] == "fail"

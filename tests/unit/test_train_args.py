@@ -29,8 +29,6 @@ def test_generic_and_llamafactory_profiles(tmp_path):
     entry = c.records(p, "train_args.entrypoint")["node1"]
     assert entry["status"] == "skip" and "the launch role copies its example there" in entry["detail"]
 
-    (tmp_path / "code" / "LLaMA-Factory" / "src").mkdir(parents=True)
-    (tmp_path / "code" / "LLaMA-Factory" / "src" / "train.py").write_text("")
     # the GPU example with the rendered DeepSpeed config
     p = c.run(roles=["train_args"], extra={
         "train_args_entrypoint": f"{tmp_path}/code/lora_zero3_train.py",
@@ -40,24 +38,50 @@ def test_generic_and_llamafactory_profiles(tmp_path):
     kv = _pairs(p.report["node3"]["train_args_argv"])
     assert kv == {"--output-dir": f"{tmp_path}/outputs", "--deepspeed": str(c.path("node3", "ds_config.json")),
                   "--save-steps": "5"}
+    assert p.report["node3"]["train_args_torchrun_args"] == [] and p.report["node3"]["train_args_resume_arg"] == ""
 
-    p = c.run(roles=["train_args"], extra={
-        "train_args_profile": "llamafactory", "train_args_model_name_or_path": "/srv/shared/models/llama",
-        "train_args_dataset": "alpaca_en", "train_args_save_steps": 50,
-        "train_args_extra": ["--seed", "42", "--learning_rate=2e-4"]})
+
+LLAMAFACTORY = {"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/srv/shared/models/llama",
+                "train_args_dataset": "alpaca_en", "train_args_template": "default", "train_args_save_steps": 50}
+
+
+def test_llamafactory_profile_writes_the_config_llamafactory_accepts(tmp_path):
+    """The YAML config llamafactory.launcher reads, checked by LLaMA-Factory's own parser on the controller."""
+    import yaml
+
+    c = LocalCluster(tmp_path)
+    p = c.run(roles=["deepspeed_config", "train_args"], extra=dict(
+        LLAMAFACTORY, train_args_extra=["seed=42", "learning_rate=2e-4"],
+        train_args_llamafactory_options={"max_steps": 40}))
     assert p.returncode == 0, p.stdout[-3000:]
     facts = p.report["node2"]
-    assert facts["train_args_entrypoint"] == f"{tmp_path}/code/LLaMA-Factory/src/train.py"
-    argv = facts["train_args_argv"]
-    kv = _pairs(argv)
-    assert kv["--stage"] == "sft" and kv["--finetuning_type"] == "lora"
-    assert kv["--lora_target"] == "q_proj,v_proj,k_proj,o_proj"
-    assert kv["--deepspeed"] == str(c.path("node2", "ds_config.json"))
-    assert kv["--output_dir"] == f"{tmp_path}/outputs" and kv["--save_only_model"] == "true"
-    assert kv["--logging_dir"] == f"{tmp_path}/outputs/logs" and kv["--save_steps"] == "50"
-    assert kv["--ddp_timeout"] == "1800" and kv["--model_name_or_path"] == "/srv/shared/models/llama"
-    assert "--learning_rate" not in kv and argv[-3:] == ["--seed", "42", "--learning_rate=2e-4"]
-    assert c.records(p, "train_args.entrypoint")["node2"]["status"] == "pass"
+    cfg_path = c.path("node2", "llamafactory.yaml")
+    assert facts["train_args_entrypoint"] == "llamafactory.launcher"
+    assert facts["train_args_torchrun_args"] == ["--module"]
+    assert facts["train_args_resume_arg"] == "resume_from_checkpoint="
+    assert facts["train_args_argv"] == [str(cfg_path), "seed=42", "learning_rate=2e-4"]
+    cfg = yaml.safe_load(cfg_path.read_text())
+    assert cfg["stage"] == "sft" and cfg["do_train"] is True and cfg["finetuning_type"] == "lora"
+    assert cfg["lora_target"] == "q_proj,v_proj,k_proj,o_proj" and cfg["template"] == "default"
+    assert cfg["deepspeed"] == str(c.path("node2", "ds_config.json"))
+    assert cfg["output_dir"] == f"{tmp_path}/outputs" and cfg["save_steps"] == 50 and cfg["max_steps"] == 40
+    assert cfg["ddp_timeout"] == 1800 and cfg["bf16"] is True and cfg["save_only_model"] is False
+    assert cfg["learning_rate"] == 1e-4 and cfg["model_name_or_path"] == "/srv/shared/models/llama"
+    assert "dataset_dir" not in cfg  # empty: left out
+    valid = c.records(p, "train_args.llamafactory_config")["node1"]
+    assert valid["status"] == "pass" and "accepted by LLaMA-Factory 0.9.5" in valid["detail"], valid
+    assert c.records(p, "train_args.entrypoint")["node2"]["status"] == "skip"
+
+
+def test_llamafactory_misspelt_key_fails_at_render_time(tmp_path):
+    c = LocalCluster(tmp_path)
+    p = c.run(roles=["deepspeed_config", "train_args"], extra=dict(
+        LLAMAFACTORY, train_args_llamafactory_options={"lora_targte": "all"}))
+    assert p.returncode != 0
+    assert "lora_targte: LLaMA-Factory 0.9.5 has no such argument; did you mean lora_target?" in p.stdout
+    assert not c.path("node1", "llamafactory.yaml").exists()
+    p = c.run(roles=["deepspeed_config", "train_args"], extra=dict(LLAMAFACTORY, train_args_extra=["seed=x1"]))
+    assert p.returncode != 0 and "argument --seed: invalid int value: 'x1'" in p.stdout, p.stdout[-2000:]
 
 
 def test_wrong_shapes_stop(tmp_path):
@@ -68,3 +92,5 @@ def test_wrong_shapes_stop(tmp_path):
     assert p.returncode != 0 and "needs train_args_model_name_or_path" in p.stdout
     p = c.run(roles=["train_args"], extra={"train_args_entrypoint": "train.py"})
     assert p.returncode != 0 and "absolute path" in p.stdout
+    p = c.run(roles=["train_args"], extra=dict(LLAMAFACTORY, train_args_extra=["--seed", "42"]))
+    assert p.returncode != 0 and "key=value overrides" in p.stdout

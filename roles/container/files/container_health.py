@@ -2,7 +2,7 @@
 
 Run as `python3 -c "$(cat container_health.py)" '<json params>'` inside the container, or as a file.
 params: {code_dir, output_root, shared_root, logger_module, shm_size_bytes, ulimits: {name: value}, gpus,
-         instance, import_cache}
+         instance, import_cache, nvidia_smi, gpu_skip_reason}
 Prints one JSON line: {check: {ok|status, detail}, ...}. Stdlib only; each check is independent.
 
 The imports (torch: about 1.5 s of CPU, the probe's whole cost) are checked once per container instance: with
@@ -185,6 +185,27 @@ def check_imports(params):
     return out
 
 
+def check_gpu_visible(params):
+    """The GPUs nvidia-smi lists inside the container ({uuids} or {error}); the role compares them with the node's
+    nvidia_gpu_facts. Not run when the container gets no GPU (gpu_skip_reason says why)."""
+    import subprocess
+
+    if str(params.get("gpus")).lower() not in ("true", "1", "yes"):
+        return {"status": "skip", "detail": params.get("gpu_skip_reason") or "the container gets no GPU"}
+    smi = params.get("nvidia_smi") or "nvidia-smi"
+    if not os.path.exists(smi):
+        smi = "nvidia-smi"
+    try:
+        p = subprocess.run([smi, "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"{smi}: {_err(exc)}"}
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()
+        return {"error": f"{smi} exited {p.returncode}: {tail[-1] if tail else ''}"}
+    return {"uuids": [ln.strip() for ln in p.stdout.splitlines() if ln.strip().startswith("GPU-")]}
+
+
 def main(argv):
     params = json.loads(argv[1]) if len(argv) > 1 else {}
     out = {
@@ -195,6 +216,7 @@ def main(argv):
         "ulimits": check_ulimits(params.get("ulimits") or {}),
         "shm": check_shm(int(params.get("shm_size_bytes") or 0)),
     }
+    out["gpu_visible"] = check_gpu_visible(params)
     out.update(check_imports(params))
     print(json.dumps(out, sort_keys=True))
     return 0

@@ -198,11 +198,116 @@ def config_problems(inspect: dict | None, expected: dict) -> list:
         if bool(got.get("RW", True)) == m["read_only"]:
             problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
                             f"{'ro' if m['read_only'] else 'rw'}")
-    if expected.get("gpus"):
+    if expected.get("gpus") and expected.get("gpu_mode", "runtime") == "runtime":
         reqs = host.get("DeviceRequests") or []
         if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
             problems.append("no GPU device request (the node has GPUs)")
+    elif expected.get("gpus"):
+        have_dev = {d.get("PathInContainer") for d in host.get("Devices") or []}
+        lost = [d.split(":")[1] for d in expected.get("devices") or [] if d.split(":")[1] not in have_dev]
+        if lost:
+            problems.append(f"GPU device node(s) {', '.join(lost)} not given to the container (gpu_mode devices)")
     return problems
+
+
+# The driver's user-space libraries a CUDA container needs, by the name stem nvidia-container-cli looks up in the
+# ld cache (its "utility" and "compute" capabilities): every soname of these stems is bind-mounted read-only.
+DRIVER_LIB_STEMS = (
+    "libnvidia-ml", "libnvidia-cfg",  # utility: NVML (nvidia-smi, NCCL's topology), the config library
+    "libcuda", "libcudadebugger", "libnvidia-opencl", "libnvidia-gpucomp", "libnvidia-ptxjitcompiler",
+    "libnvidia-fatbinaryloader", "libnvidia-allocator", "libnvidia-compiler", "libnvidia-pkcs11",
+    "libnvidia-pkcs11-openssl3", "libnvidia-nvvm",  # compute
+)
+# Where the libraries appear inside the container: the directory NVIDIA's CUDA images put on LD_LIBRARY_PATH.
+DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
+DRIVER_BIN_DIR = "/usr/local/nvidia/bin"
+
+
+def ldcache_driver_libs(ldconfig_stdout: str, arch: str = "x86-64") -> list:
+    """`ldconfig -p` output -> [{name, path}] of the driver's libraries for this architecture, in cache order.
+
+    An entry looks like `libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1`; 32-bit entries
+    (`(libc6)`) and other architectures are left out, and a name is kept once (the first path, as the loader does).
+    """
+    out, seen = [], set()
+    for line in (ldconfig_stdout or "").splitlines():
+        name, sep, path = line.strip().partition(" => ")
+        if not sep:
+            continue
+        name, _, tag = name.partition(" (")
+        if arch not in tag:
+            continue
+        stem = name.split(".so", 1)[0]
+        if stem in DRIVER_LIB_STEMS and name not in seen and ".so" in name:
+            seen.add(name)
+            out.append({"name": name, "path": path.strip()})
+    return out
+
+
+def driver_lib_mounts(libs: list, stats: list, driver_version: str, lib_dir: str = DRIVER_LIB_DIR) -> dict:
+    """The driver's libraries that belong to the running driver -> read-only bind mounts.
+
+    libs: ldcache_driver_libs(); stats: for each, the stat result of its path ({exists, lnk_source, islnk}) in
+    the same order; driver_version: nvidia-smi's driver version. Like nvidia-container-cli, a library is taken only
+    when the file it resolves to carries the driver's version (libcuda.so.580.159.04): a leftover of another driver
+    in the cache would crash CUDA with a version mismatch. Returns {mounts: [{source, target, read_only}],
+    libraries: [names], stale: ["name -> file"], missing: [stems nvidia-smi and CUDA need that were not found]}.
+    """
+    mounts, names, stale = [], [], []
+    suffix = ".so." + str(driver_version or "").strip()
+    for lib, st in zip(libs or [], stats or []):
+        st = st or {}
+        if not st.get("exists"):
+            continue
+        real = st.get("lnk_source") if st.get("islnk") else lib["path"]
+        real = real or lib["path"]
+        if not driver_version or not real.endswith(suffix):
+            stale.append(f"{lib['name']} -> {real}")
+            continue
+        mounts.append({"source": real, "target": f"{lib_dir.rstrip('/')}/{lib['name']}", "read_only": True})
+        names.append(lib["name"])
+    found = {n.split(".so", 1)[0] for n in names}
+    missing = [s for s in ("libcuda", "libnvidia-ml") if s not in found]
+    return {"mounts": mounts, "libraries": names, "stale": stale, "missing": missing}
+
+
+def gpu_device_nodes(paths: list) -> list:
+    """/dev/nvidia* paths found on the node -> docker `devices` entries (rwm, same path inside).
+
+    The GPUs (/dev/nvidia0..N), the control devices (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
+    /dev/nvidia-modeset); /dev/nvidia-caps (MIG capabilities) only when present and asked for by the caller.
+    """
+    import re
+
+    keep = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset)$")
+    return [f"{p}:{p}:rwm" for p in sorted(set(paths or []), key=lambda x: (len(x), x)) if keep.match(p)]
+
+
+def gpu_visible_verdict(seen: dict | None, expected_uuids: list, mode: str) -> dict:
+    """The GPUs nvidia-smi lists inside the container against the node's nvidia_gpu_facts.
+
+    seen: the probe's {uuids: [...], error: str}; expected_uuids: every GPU of the node. Returns {status, detail}.
+    """
+    want = sorted(u for u in (expected_uuids or []) if u)
+    if seen is None:
+        return {"status": "skip", "detail": "not reported by the probe"}
+    if seen.get("error"):
+        return {"status": "fail", "detail": f"nvidia-smi in the container ({mode}): {seen['error']}"}
+    got = sorted(seen.get("uuids") or [])
+    missing = [u for u in want if u not in got]
+    extra = [u for u in got if u not in want]
+    if not want:
+        return {"status": "skip", "detail": "nvidia_gpu_facts lists no GPU on this node"}
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if extra:
+            parts.append(f"not on the node {', '.join(extra)}")
+        return {"status": "fail", "detail": f"the container ({mode}) sees {len(got)} of {len(want)} GPU(s): "
+                                            + "; ".join(parts)}
+    return {"status": "pass", "detail": f"the container ({mode}) sees all {len(want)} GPU(s) of the node, "
+                                        f"same UUIDs ({', '.join(u[:12] for u in want)})"}
 
 
 _HEALTH_FIX = {
@@ -219,6 +324,9 @@ _HEALTH_FIX = {
     "torch": "torch does not import in the image: install torch in the image (matching the node's CUDA driver)",
     "ulimits": "The engine could not give the container these limits: raise them for dockerd "
                "(LimitMEMLOCK=infinity / LimitSTACK in docker.service) and recreate the container",
+    "gpu_visible": "The container does not see every GPU of the node: with container_gpu_mode devices check that "
+                   "every /dev/nvidia* node and the driver's libraries are given (container.gpus lists them); with "
+                   "runtime, the NVIDIA runtime's configuration (nvidia-ctk runtime configure); then rerun site.yml",
     "shm": "/dev/shm is the node's (ipc_mode host): enlarge it on the node (mount -o remount,size={want} "
            "/dev/shm, or in /etc/fstab), or lower container_shm_size",
 }
@@ -232,7 +340,8 @@ def health_records(exec_result: dict | None, params: dict) -> list:
     """
     import json
 
-    names = ["code_dir", "output_writable", "shared_readable", "logger", "python", "torch", "ulimits", "shm"]
+    names = ["code_dir", "output_writable", "shared_readable", "logger", "python", "torch", "ulimits", "shm",
+             "gpu_visible"]
     fmt = {"path": "", "module": params.get("logger_module", ""), "python": params.get("python", "python3"),
            "want": params.get("shm_size", "")}
     paths = {"code_dir": params.get("code_dir"), "output_writable": params.get("output_root"),
@@ -267,8 +376,11 @@ def health_records(exec_result: dict | None, params: dict) -> list:
             out.append(rec(name, "skip", "not reported by the probe"))
             continue
         f = dict(fmt, path=paths.get(name) or "")
+        if name == "gpu_visible" and "status" not in r:
+            r = gpu_visible_verdict(r, params.get("gpu_uuids") or [], params.get("gpu_mode") or "runtime")
         status = r.get("status") or ("pass" if r.get("ok") else "fail")
-        out.append(rec(name, status, r.get("detail", ""), "" if status == "pass" else _HEALTH_FIX[name].format(**f)))
+        out.append(rec(name, status, r.get("detail", ""),
+                       "" if status in ("pass", "skip") else _HEALTH_FIX[name].format(**f)))
     return out
 
 
@@ -286,4 +398,8 @@ class FilterModule:
             "container_ulimits_spec": ulimits_spec,
             "container_config_problems": config_problems,
             "container_health_records": health_records,
+            "container_ldcache_driver_libs": ldcache_driver_libs,
+            "container_driver_lib_mounts": driver_lib_mounts,
+            "container_gpu_device_nodes": gpu_device_nodes,
+            "container_gpu_visible_verdict": gpu_visible_verdict,
         }

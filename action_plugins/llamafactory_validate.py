@@ -1,0 +1,290 @@
+# -*- coding: utf-8 -*-
+"""Validate a LLaMA-Factory training config on the controller with LLaMA-Factory's own argument parser."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llamafactory_validate
+short_description: Validate a LLaMA-Factory training config with LLaMA-Factory's own parser, on the controller
+description:
+  - Runs C(llamafactory.hparams.get_train_args) on the config (with the C(key=value) overrides the job gets, merged
+    the way C(llamafactory.launcher) merges them with OmegaConf) in a separate Python process on the controller:
+    C(HfArgumentParser) over LLaMA-Factory's dataclasses (model, data, training, finetuning, generating
+    arguments), then LLaMA-Factory's own checks. A misspelt key fails here with the nearest valid key, before any
+    node is changed.
+  - The controller has no GPU and is not the job. For the parse only, C(deepspeed) is pointed at a temporary copy
+    of the rendered DeepSpeed config, C(use_cpu) is set when the controller has no CUDA device (Hugging Face checks
+    bf16 support against the local hardware), and a one-process rendezvous on 127.0.0.1 stands in for torchrun
+    (LLaMA-Factory refuses DeepSpeed outside torchrun). C(HF_HUB_OFFLINE=1); nothing is downloaded.
+  - LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
+    C(requirements-llamafactory.txt) there without dependencies: its metadata requires torchaudio and torchvision
+    builds of the torch it runs with, and none exists for the controller's CPU torch).
+  - Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
+    itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+options:
+  config:
+    description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).
+    type: dict
+    required: true
+  overrides:
+    description: C(key=value) arguments given after the YAML path (OmegaConf dotlist).
+    type: list
+    elements: str
+    default: []
+  deepspeed_config:
+    description: The rendered DeepSpeed config the C(deepspeed) key points at on the nodes.
+    type: dict
+    default: {}
+  python:
+    description: Python on the controller (default, the one running Ansible).
+    type: str
+  pythonpath:
+    description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
+    type: str
+    default: ""
+  cache_dir:
+    description: Where results are cached; empty disables the cache.
+    type: str
+    default: ~/.cache/trainyard/llamafactory-validate
+  timeout:
+    description: Seconds the validation process may take.
+    type: int
+    default: 300
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Validate the LLaMA-Factory config with LLaMA-Factory's own parser
+  llamafactory_validate:
+    config: "{{ _train_args_llamafactory_config }}"
+    deepspeed_config: "{{ _deepspeed_config_data }}"
+    pythonpath: "{{ train_args_validate_pythonpath }}"
+  register: __train_args_validated
+  run_once: true
+"""
+
+RETURN = r"""
+ok:
+  description: Whether LLaMA-Factory accepted the config.
+  returned: always
+  type: bool
+errors:
+  description: LLaMA-Factory's (HfArgumentParser's) messages, unknown keys with the nearest valid one.
+  returned: always
+  type: list
+  elements: str
+llamafactory_version:
+  description: The LLaMA-Factory version that validated it.
+  returned: when LLaMA-Factory could be imported
+  type: str
+cached:
+  description: Whether the result came from the cache.
+  returned: always
+  type: bool
+"""
+
+import difflib
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+
+def merge_overrides(config, overrides):
+    """The config with `key=value` overrides applied as LLaMA-Factory's launcher does (OmegaConf.from_cli)."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.create(config), OmegaConf.from_cli(list(overrides)))
+    return OmegaConf.to_container(merged)
+
+
+def as_argv(config):
+    """The config as command-line arguments, so HfArgumentParser converts and checks every value's type (a YAML
+    dict is passed through unconverted, and a wrong type would only fail in the middle of the job)."""
+    argv = []
+    for key, value in config.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv += [f"--{key}", str(value).lower()]
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{key}", *[str(v) for v in value]]
+        elif isinstance(value, dict):
+            argv += [f"--{key}", json.dumps(value)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def known_keys():
+    """Every key LLaMA-Factory's training parser accepts."""
+    import dataclasses
+
+    from llamafactory.hparams.parser import _TRAIN_ARGS
+
+    return sorted({f.name for cls in _TRAIN_ARGS for f in dataclasses.fields(cls) if f.init})
+
+
+def _validate_in_process(config, overrides, deepspeed_config):
+    """get_train_args on the config; {ok, errors, llamafactory_version}."""
+    import importlib.metadata as md
+
+    version = md.version("llamafactory")
+    try:
+        merged = merge_overrides(config, overrides)
+    except Exception as exc:  # OmegaConf's grammar errors
+        return {"ok": False, "errors": [f"the key=value overrides do not parse: {type(exc).__name__}: {exc}"],
+                "llamafactory_version": version}
+    keys = known_keys()
+    unknown = [k for k in merged if k not in keys]
+    if unknown:
+        errors = []
+        for key in unknown:
+            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            errors.append(f"{key}: LLaMA-Factory {version} has no such argument"
+                          + (f"; did you mean {near[0]}?" if near else ""))
+        return {"ok": False, "errors": errors, "llamafactory_version": version}
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-lf-") as tmp:
+        parsed = dict(merged)
+        if parsed.get("deepspeed"):
+            path = os.path.join(tmp, "ds_config.json")
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(deepspeed_config or {}, fh)
+            parsed["deepspeed"] = path
+        if not torch.cuda.is_available():
+            parsed["use_cpu"] = True
+        from llamafactory.hparams import get_train_args
+
+        import contextlib
+        import io
+
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                get_train_args(as_argv(parsed))
+        except SystemExit as exc:  # argparse: a value of the wrong type ("error: argument --x: invalid ...")
+            why = [ln.split("error: ", 1)[1] for ln in said.getvalue().splitlines() if "error: " in ln]
+            return {"ok": False, "errors": [f"LLaMA-Factory {version} rejects the config: "
+                                            f"{why[-1] if why else 'exit %s' % exc.code}"],
+                    "llamafactory_version": version}
+        except Exception as exc:  # HfArgumentParser and LLaMA-Factory raise ValueError, TypeError, ...
+            return {"ok": False, "errors": [f"LLaMA-Factory {version} rejects the config: {type(exc).__name__}: "
+                                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"],
+                    "llamafactory_version": version}
+    return {"ok": True, "errors": [], "llamafactory_version": version}
+
+
+def _child_main():
+    """`python llamafactory_validate.py` reads {config, overrides, deepspeed_config} on stdin, prints JSON."""
+    request = json.load(sys.stdin)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # the parser prints its help on errors; keep stdout for the result
+    try:
+        result = _validate_in_process(request["config"], request.get("overrides") or [],
+                                      request.get("deepspeed_config") or {})
+    except ImportError as exc:
+        result = {"ok": False, "errors": [f"cannot import llamafactory on the controller ({exc}): run make venv "
+                                          f"(it installs requirements-llamafactory.txt into "
+                                          f"train_args_validate_pythonpath), or set train_args_validate: false"]}
+    real_stdout.write(json.dumps(result) + "\n")
+    real_stdout.flush()
+    os._exit(0)  # the one-process group and tokenizer threads must not hold the exit
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def validate(config, overrides=(), deepspeed_config=None, python=None, pythonpath="", cache_dir="", timeout=300):
+    """Controller side: LLaMA-Factory in a child process, results cached by hash."""
+    python = python or sys.executable
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.expanduser(pythonpath), env.get("PYTHONPATH")) if p)
+    try:
+        version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('llamafactory'))"],
+                                 capture_output=True, text=True, timeout=60, env=env, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    if not version:
+        return {"ok": False, "cached": False, "errors": [
+            f"llamafactory is not importable on the controller by {python}"
+            + (f" with {pythonpath} on PYTHONPATH" if pythonpath else "")
+            + ": run make venv (it installs requirements-llamafactory.txt there), or set train_args_validate: false"]}
+    with open(os.path.abspath(__file__), "rb") as fh:
+        me = hashlib.sha256(fh.read()).hexdigest()
+    key = hashlib.sha256(json.dumps([config, list(overrides), deepspeed_config, version, me], sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    path = os.path.join(os.path.expanduser(cache_dir), f"{key}.json") if cache_dir else ""
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            result = json.load(fh)
+        result["cached"] = True
+        return result
+    # A one-process torchrun environment: LLaMA-Factory refuses DeepSpeed outside torchrun.
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DISABLE_VERSION_CHECK="1", RANK="0", WORLD_SIZE="1",
+               LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
+    if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
+        env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
+    try:
+        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps(
+            {"config": config, "overrides": list(overrides), "deepspeed_config": deepspeed_config or {}}),
+            capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "errors": [f"LLaMA-Factory validation took over {timeout}s on the controller"],
+                "cached": False}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+        return {"ok": False, "errors": [f"LLaMA-Factory validation did not run (rc {proc.returncode}): {tail}"],
+                "cached": False}
+    result = json.loads(lines[-1])
+    if path and "llamafactory_version" in result:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, path)
+    result["cached"] = False
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
+
+from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
+from ansible.plugins.action import ActionBase  # noqa: E402
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        config = args.get("config")
+        if not isinstance(config, dict):
+            raise AnsibleActionFail(f"llamafactory_validate: 'config' must be a dict, not {type(config).__name__}")
+        overrides = args.get("overrides") or []
+        if isinstance(overrides, str):
+            overrides = [overrides]
+        outcome = validate(config, [str(o) for o in overrides], deepspeed_config=args.get("deepspeed_config") or {},
+                           python=args.get("python"), pythonpath=args.get("pythonpath") or "",
+                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
+                           timeout=int(args.get("timeout", 300)))
+        result.update(changed=False, **outcome)
+        return result
