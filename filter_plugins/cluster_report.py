@@ -16,7 +16,7 @@ report.json schema (version 1; filter_plugins/health_page.py and later tools rea
          "status": "pass|fail|warn|skip|pending|unreachable",
          "detail": "what was seen", "fix": "what to do (empty when passed)", "data": {...}}
       ],
-      "summary": {"pass": n, "fail": n, "warn": n, "skip": n, "pending": n, "unreachable": n},
+      "summary": {"pass": n, "fail": n, "warn": n, "skip": n, "pending": n, "unreachable": n},  # pending: check mode
       "failed": true,                           # any fail or unreachable
       "failures": [record, ...],                # the fail/unreachable records, rank order
       "check_mode": true,                       # the run was a plan (--check, playbooks/plan.yml)
@@ -132,7 +132,8 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
     for rec in records:
         if rec["check"] not in checks:
             checks.append(rec["check"])
-    summary = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES}
+    # "pending" exists in check mode only (a plan); other runs keep the five counts.
+    summary = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES if s != "pending" or check_mode}
     failures = [r for r in records if r["status"] in BAD]
     return {
         "schema": SCHEMA,
@@ -171,7 +172,7 @@ def table(report: Mapping) -> list[str]:
     fmt = lambda row: "  ".join(str(v).ljust(widths[i]) for i, v in enumerate(row)).rstrip()  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
     s = report.get("summary") or {}
-    lines.append(", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES))
+    lines.append(", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES if k in s))
     return lines
 
 
@@ -230,7 +231,7 @@ def markdown(report: Mapping) -> str:
     s = report.get("summary") or {}
     out = [f"# Preflight report {report.get('run_id', '')}", "",
            f"Generated {report.get('generated', '')}; {len(hosts)} nodes; "
-           + ", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES)
+           + ", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES if k in s)
            + (" — **FAILED**" if report.get("failed") else " — passed"), "",
            "| node | rank | " + " | ".join(checks) + " |",
            "|---|---|" + "---|" * len(checks)]

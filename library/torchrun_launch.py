@@ -596,7 +596,7 @@ class Launch(object):
         return data, exit_path
 
     def check_plan(self, action, reason, resume=""):
-        """Check mode: what the run would do on this node, as plan (and msg)."""
+        """Check mode: what the run would do on this node (result key plan)."""
         words = {"start": "start job %s (first launch on this node)" % self.job,
                  "relaunch": "relaunch job %s (%s)" % (self.job, reason),
                  "leave_running": "leave job %s running (%s)" % (self.job, reason),
@@ -606,7 +606,7 @@ class Launch(object):
             words += ", resume from %s" % resume if resume else ", from scratch (no complete checkpoint)"
         plan = {"action": action, "reason": reason, "resume_from": resume or "", "summary": words,
                 "env_files_pending": list(self.result.get("env_files_pending") or [])}
-        self.result.update(plan=plan, msg=words)
+        self.result.update(plan=plan)
         return plan
 
     def start(self):
