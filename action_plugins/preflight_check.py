@@ -13,10 +13,13 @@ description:
     (C(_cluster_run_id), set on localhost by the validate play); records of other runs are dropped here and
     ignored by the report.
   - Runs on the controller only; the host is not contacted.
-  - A failed check is printed at once (C(<node>: <check> FAIL: <detail>) and its fix), so the first failure is on
+  - A failed check is printed at once (C(<node>) C(<check>) C(FAIL) C(<detail>) and its fix), so the first failure is on
     the screen seconds into a run; the run goes on and the report still lists every failure at the end.
   - The report play (role C(cluster), C(tasks/report.yml)) collects every host's records,
     prints them as a node x check table and fails the run when any check failed.
+  - In check mode a check that reads state an earlier task of the run would change (I(pending_on) names those
+    tasks and their registered results) is recorded C(pending) with the task that would satisfy it, never
+    C(pass) or C(fail), since the run itself settles it. Outside check mode I(pending_on) is ignored.
 options:
   check:
     description: Name of the check, C(<role>.<what>), e.g. C(network.mtu). Required unless I(records) is given.
@@ -33,7 +36,20 @@ options:
   status:
     description: Explicit status; C(skip) when a check cannot run, C(warn) for non-fatal findings.
     type: str
-    choices: [pass, fail, warn, skip]
+    choices: [pass, fail, warn, skip, pending]
+  pending_on:
+    description:
+      - "Tasks this check depends on: C({task name: registered result}). In check mode, when any of these results is
+        C(changed) (the run would change what the check reads), the record becomes C(pending), its detail says what
+        was seen now and its fix names the task(s) that would satisfy it."
+      - Given at the task level it applies to every record of the task (or to I(pending_checks) only); a record of
+        I(records) may carry its own.
+    type: dict
+    default: {}
+  pending_checks:
+    description: With I(records), the checks that task-level I(pending_on) applies to (default every record).
+    type: list
+    elements: str
   detail:
     description: What was seen (values, not prose about the check).
     type: str
@@ -66,6 +82,14 @@ EXAMPLES = r"""
     ok: "{{ __network_link.mtu == cluster_data_mtu }}"
     detail: "eth1 MTU {{ __network_link.mtu }}, expected {{ cluster_data_mtu }}"
     fix: "Set the MTU of eth1 to {{ cluster_data_mtu }} on this node, or change cluster_data_mtu"
+
+- name: Record the device order (pending in check mode while the task before would write it)
+  preflight_check:
+    check: nvidia_driver.device_order
+    ok: "{{ order == 'PCI_BUS_ID' }}"
+    detail: "CUDA_DEVICE_ORDER={{ order }}"
+    pending_on:
+      "nvidia_driver : Configure CUDA_DEVICE_ORDER=PCI_BUS_ID": "{{ __nvidia_driver_order_line }}"
 """
 
 RETURN = r"""
@@ -87,7 +111,7 @@ from ansible.utils.display import Display
 
 display = Display()
 
-_STATUSES = ("pass", "fail", "warn", "skip")
+_STATUSES = ("pass", "fail", "warn", "skip", "pending")
 FACT = "preflight_results"
 
 
@@ -100,6 +124,31 @@ def _run_id(task_vars):
         return task_vars.get("_cluster_run_id")
     except Exception:  # noqa: BLE001 - an undefined or broken template is "no run id"
         return None
+
+
+def would_change(result):
+    """A registered result of a task that, in check mode, reports it would change something."""
+    if not isinstance(result, dict):
+        return False
+    if result.get("skipped"):
+        return False
+    if result.get("changed"):
+        return True
+    return any(would_change(r) for r in result.get("results") or [])
+
+
+def pending_record(record, pending_on):
+    """The record as pending when any task of pending_on ({task name: registered result}) would change something."""
+    if not isinstance(pending_on, dict):
+        raise AnsibleActionFail("preflight_check %s: 'pending_on' must be a dict {task name: registered result}"
+                                % record.get("check"))
+    tasks = [str(name) for name, result in pending_on.items() if would_change(result)]
+    if not tasks:
+        return record
+    seen = record["detail"] or record["status"]
+    return dict(record, status="pending", detail="now: %s" % seen,
+                fix="the run does it: %s" % "; ".join(tasks),
+                data=dict(record.get("data") or {}, pending_tasks=tasks, status_now=record["status"]))
 
 
 class ActionModule(ActionBase):
@@ -119,6 +168,8 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname")
         run = _run_id(task_vars)
         records = [dict(self._record(spec, host), run=run) for spec in specs]
+        if self._task.check_mode or getattr(self._play_context, "check_mode", False):
+            records = self._pending(records, specs, args)
         names = {r["check"] for r in records}
         for r in records:
             if r["status"] == "fail":
@@ -137,6 +188,19 @@ class ActionModule(ActionBase):
             _ansible_facts_cacheable=False,
         )
         return result
+
+    @staticmethod
+    def _pending(records, specs, args):
+        """Check mode: a record whose pending_on names a task that would change something becomes pending."""
+        task_level = args.get("pending_on") or {}
+        only = args.get("pending_checks")
+        out = []
+        for rec, spec in zip(records, specs):
+            deps = spec.get("pending_on") if spec is not args and spec.get("pending_on") is not None else (
+                task_level if only is None or rec["check"] in only else {})
+            rec = pending_record(rec, deps)
+            out.append(rec)
+        return out
 
     @staticmethod
     def _record(args, host):

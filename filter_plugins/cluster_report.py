@@ -13,13 +13,23 @@ report.json schema (version 1; filter_plugins/health_page.py and later tools rea
       "checks": ["cluster.python", ...],        # every check name, in first-seen order
       "records": [                              # one per (host, check)
         {"host": "node1", "check": "network.mtu", "run": "<run_id>",
-         "status": "pass|fail|warn|skip|unreachable",
+         "status": "pass|fail|warn|skip|pending|unreachable",
          "detail": "what was seen", "fix": "what to do (empty when passed)", "data": {...}}
       ],
-      "summary": {"pass": n, "fail": n, "warn": n, "skip": n, "unreachable": n},
+      "summary": {"pass": n, "fail": n, "warn": n, "skip": n, "pending": n, "unreachable": n},  # pending: check mode
       "failed": true,                           # any fail or unreachable
-      "failures": [record, ...]                 # the fail/unreachable records, rank order
+      "failures": [record, ...],                # the fail/unreachable records, rank order
+      "check_mode": true,                       # the run was a plan (--check, playbooks/plan.yml)
+      "plan": {                                 # check mode only: what the run would change, per node
+        "node1": [{"task": "nvidia_driver : Configure ...", "kind": "file|package|hold|image|container|job|other",
+                   "action": "lineinfile", "summary": "write /etc/environment", "diff": "unified diff text",
+                   "digest": "sha256:... (image pulls, from the registry)", "job": {...} (torchrun_launch's plan)}]
+      },
+      "pending": [record, ...]                  # the pending records: settled by the run, each names its task
     }
+
+A record is "pending" only in check mode: the check reads state that a task of the same run would change
+(action plugin preflight_check, pending_on); its fix names that task. Pending is neither a pass nor a failure.
 
 A host that recorded nothing (unreachable, or failed before its first check) gets one record
 {"check": "host.reachable", "status": "unreachable"}.
@@ -31,9 +41,10 @@ import datetime as _dt
 from typing import Any, Iterable, Mapping
 
 SCHEMA = 1
-STATUSES = ("pass", "fail", "warn", "skip", "unreachable")
+STATUSES = ("pass", "fail", "warn", "skip", "pending", "unreachable")
 BAD = ("fail", "unreachable")
-MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip", "unreachable": "UNREACH", None: "-"}
+MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip", "pending": "pend", "unreachable": "UNREACH",
+        None: "-"}
 REACH_CHECK = "host.reachable"
 
 
@@ -53,9 +64,33 @@ def _plain(value: Any) -> Any:
     return value if value is None else str(value)
 
 
+def plan_of(plans: Mapping[str, Any] | None, hosts: list[str], records: list[dict]) -> dict:
+    """{host: plan entries} for every host (empty list: nothing would change); image pulls get the digest their
+    node's container.image_digest record read from the registry (data.registry_digest)."""
+    out = {}
+    for h in hosts:
+        digest = next((r["data"].get("registry_digest") for r in records
+                       if r["host"] == h and isinstance(r.get("data"), dict) and r["data"].get("registry_digest")), None)
+        entries = []
+        for e in (plans or {}).get(h) or []:
+            if not isinstance(e, Mapping):
+                continue
+            e = _plain(dict(e))
+            e.setdefault("kind", "other")
+            e.setdefault("summary", "")
+            e.setdefault("diff", "")
+            if e["kind"] == "image" and digest:
+                e["digest"] = digest
+            entries.append(e)
+        out[h] = entries
+    return out
+
+
 def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mapping[str, Any] | None = None,
-                 run_id: str = "", run_dir: str = "", generated: str | None = None) -> dict:
-    """results: {host: preflight_results list or None}; hosts: the trainers (any order)."""
+                 run_id: str = "", run_dir: str = "", generated: str | None = None,
+                 plans: Mapping[str, Any] | None = None, check_mode: bool = False) -> dict:
+    """results: {host: preflight_results list or None}; hosts: the trainers (any order); plans: {host: the
+    trainyard_plan fact} of a check-mode run (callback_plugins/trainyard_plan.py)."""
     models = {h: _plain(m) for h, m in (models or {}).items() if m}
     given = list(hosts)
     hosts = sorted(given, key=lambda h: ((models.get(h) or {}).get("node_rank", 10**9), given.index(h)))
@@ -80,11 +115,25 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
                 rec["status"] = "fail"
                 rec["detail"] = f"invalid status {r.get('status')!r}: {rec['detail']}"
             records.append(rec)
+    extra = {}
+    if check_mode:
+        extra = {"plan": plan_of(plans, hosts, records)}
+        # A launch that would stop the run (the job runs with another command) fails the plan, named like a check.
+        for h in hosts:
+            for e in extra["plan"][h]:
+                job = e.get("job") if isinstance(e.get("job"), Mapping) else {}
+                if job.get("action") == "blocked":
+                    records.append({"host": h, "check": "launch.plan", "status": "fail",
+                                    "detail": f"the launch would stop the run: {job.get('reason', '')}",
+                                    "fix": "stop the running job first: ansible-playbook reset.yml -e reset_confirm=true,"
+                                           " or go back to the command it runs with", "data": {}})
+        extra["pending"] = [r for r in records if r["status"] == "pending"]
     checks: list[str] = []
     for rec in records:
         if rec["check"] not in checks:
             checks.append(rec["check"])
-    summary = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES}
+    # "pending" exists in check mode only (a plan); other runs keep the five counts.
+    summary = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES if s != "pending" or check_mode}
     failures = [r for r in records if r["status"] in BAD]
     return {
         "schema": SCHEMA,
@@ -98,6 +147,8 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
         "summary": summary,
         "failed": bool(failures),
         "failures": failures,
+        "check_mode": bool(check_mode),
+        **extra,
     }
 
 
@@ -121,13 +172,48 @@ def table(report: Mapping) -> list[str]:
     fmt = lambda row: "  ".join(str(v).ljust(widths[i]) for i, v in enumerate(row)).rstrip()  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
     s = report.get("summary") or {}
-    lines.append(", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES))
+    lines.append(", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES if k in s))
     return lines
 
 
 def failure_lines(report: Mapping) -> list[str]:
     return [f"{r['host']}: {r['check']} {r['status'].upper()}: {r.get('detail', '')}"
             + (f" | Fix: {r['fix']}" if r.get("fix") else "") for r in report.get("failures") or []]
+
+
+def pending_lines(report: Mapping) -> list[str]:
+    return [f"{r['host']}: {r['check']} pending: {r.get('detail', '')} | {r.get('fix', '')}"
+            for r in report.get("pending") or []]
+
+
+def plan_lines(report: Mapping, diffs: bool = False) -> list[str]:
+    """The plan per node as text lines (with each file's diff when diffs)."""
+    if not report.get("check_mode"):
+        return []
+    plan = report.get("plan") or {}
+    out = []
+    for h in report.get("hosts") or []:
+        entries = plan.get(h) or []
+        changes = [e for e in entries if e.get("changed", True)]
+        out.append(f"{h}: {len(changes)} change(s)" if changes else f"{h}: no change")
+        for e in entries:
+            out.append(f"  {e['kind']}: {e['summary']}" + ("" if e.get("changed", True) else " (no change)") + (f" [{e['digest']}]" if e.get("digest") else "")
+                       + f" (task: {e.get('task', '?')})")
+            if diffs and e.get("diff"):
+                out.extend("    " + line for line in str(e["diff"]).rstrip("\n").splitlines())
+    return out
+
+
+def plan_verdict(report: Mapping) -> str:
+    """One line for the end of a plan: how many changes, pending checks and failures that would remain."""
+    plan = report.get("plan") or {}
+    changes = sum(1 for v in plan.values() for e in v if e.get("changed", True))
+    nodes = sum(1 for v in plan.values() if any(e.get("changed", True) for e in v))
+    s = report.get("summary") or {}
+    return (f"Plan: {changes} change(s) on {nodes} of {len(report.get('hosts') or [])} node(s), "
+            f"{s.get('pending', 0)} check(s) pending on them, "
+            + (f"{len(report.get('failures') or [])} failure(s) the run would not fix"
+               if report.get("failed") else "nothing that would still fail"))
 
 
 def warning_lines(report: Mapping) -> list[str]:
@@ -145,7 +231,7 @@ def markdown(report: Mapping) -> str:
     s = report.get("summary") or {}
     out = [f"# Preflight report {report.get('run_id', '')}", "",
            f"Generated {report.get('generated', '')}; {len(hosts)} nodes; "
-           + ", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES)
+           + ", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES if k in s)
            + (" — **FAILED**" if report.get("failed") else " — passed"), "",
            "| node | rank | " + " | ".join(checks) + " |",
            "|---|---|" + "---|" * len(checks)]
@@ -156,6 +242,26 @@ def markdown(report: Mapping) -> str:
     fails = report.get("failures") or []
     out += [f"- **{esc(r['host'])}** `{r['check']}` {r['status']}: {esc(r.get('detail', ''))}"
             + (f" — fix: {esc(r['fix'])}" if r.get("fix") else "") for r in fails] or ["None."]
+    if report.get("check_mode"):
+        out += ["", "## Plan (check mode: nothing was changed)", "", plan_verdict(report), ""]
+        plan = report.get("plan") or {}
+        for h in hosts:
+            entries = plan.get(h) or []
+            out.append(f"### {esc(h)}")
+            out.append("")
+            if not any(e.get("changed", True) for e in entries):
+                out += ["No change.", ""]
+            for e in entries:
+                out.append(f"- **{e['kind']}** {esc(e['summary'])}" + ("" if e.get("changed", True) else " (no change)")
+                           + (f" — digest `{e['digest']}`" if e.get("digest") else "")
+                           + f" (task `{esc(e.get('task', '?'))}`)")
+                if e.get("diff"):
+                    out += ["", "  ```diff", *("  " + line for line in str(e["diff"]).rstrip("\n").splitlines()),
+                            "  ```"]
+            out.append("")
+        out += ["### Pending checks", ""]
+        out += [f"- **{esc(r['host'])}** `{r['check']}`: {esc(r.get('detail', ''))} — {esc(r.get('fix', ''))}"
+                for r in report.get("pending") or []] or ["None."]
     out += ["", "## All checks", "", "| node | check | status | detail | fix |", "|---|---|---|---|---|"]
     out += [f"| {esc(r['host'])} | {r['check']} | {r['status']} | {esc(r.get('detail', ''))} | {esc(r.get('fix', ''))} |"
             for r in report.get("records") or []]
@@ -170,4 +276,7 @@ class FilterModule:
             "trainyard_report_failures": failure_lines,
             "trainyard_report_warnings": warning_lines,
             "trainyard_report_markdown": markdown,
+            "trainyard_report_plan": plan_lines,
+            "trainyard_report_pending": pending_lines,
+            "trainyard_report_plan_verdict": plan_verdict,
         }

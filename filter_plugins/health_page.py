@@ -3,8 +3,13 @@
 Input is the preflight report as the report play writes it (report.json):
 
     {"run_id": "...", "generated": "...", "hosts": ["node1", ...],
-     "records": [{"host", "check", "status": "pass|fail|warn|skip|unreachable", "detail", "fix", "data"}],
-     "cluster_model": {"node1": {"node_rank": 0, "data_address": "...", ...}, ...}}
+     "records": [{"host", "check", "status": "pass|fail|warn|skip|pending|unreachable", "detail", "fix", "data"}],
+     "cluster_model": {"node1": {"node_rank": 0, "data_address": "...", ...}, ...},
+     "check_mode": true, "plan": {"node1": [{"task", "kind", "summary", "diff", "digest"}]}}   # a plan run only
+
+A check-mode run (site.yml --check, playbooks/plan.yml) also gets the plan section: per node what the run would
+change (files with their diff, packages and holds, image pulls with the digest, containers, the job) and the
+checks left pending on those changes.
 
 Conventions in a record's ``data`` that the page understands (any role may use them):
 
@@ -27,7 +32,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "health_page.html.j2"
-STATUS_ORDER = {"fail": 0, "unreachable": 1, "warn": 2, "skip": 3, "pass": 4}
+STATUS_ORDER = {"fail": 0, "unreachable": 1, "warn": 2, "pending": 3, "skip": 4, "pass": 5}
 
 
 def _hosts_in_rank_order(report: dict) -> list[str]:
@@ -138,7 +143,24 @@ def rank_map(report: dict) -> list[dict]:
 
 def summary(report: dict) -> dict:
     counts = Counter(r.get("status") for r in report.get("records") or [])
-    return {s: counts.get(s, 0) for s in ("pass", "fail", "warn", "skip", "unreachable")}
+    return {s: counts.get(s, 0) for s in ("pass", "fail", "warn", "skip", "pending", "unreachable")}
+
+
+def plan_section(report: dict) -> dict | None:
+    """The plan of a check-mode run: {nodes: [{host, entries, pending}], changes, pending}; None otherwise."""
+    if not report.get("check_mode"):
+        return None
+    plan = report.get("plan") or {}
+    pending: dict[str, list] = {}
+    for rec in report.get("records") or []:
+        if rec.get("status") == "pending":
+            pending.setdefault(rec.get("host"), []).append(rec)
+    nodes = [{"host": h, "entries": list(plan.get(h) or []), "pending": pending.get(h, [])}
+             for h in _hosts_in_rank_order(report)]
+    for n in nodes:
+        n["changes"] = [e for e in n["entries"] if e.get("changed", True)]
+    return {"nodes": nodes, "changes": sum(len(n["changes"]) for n in nodes),
+            "pending": sum(len(n["pending"]) for n in nodes)}
 
 
 def render(report: dict) -> str:
@@ -147,7 +169,7 @@ def render(report: dict) -> str:
     env.filters["heat"] = lambda v, vmax=None: heat_color(v, vmax)
     return env.get_template(TEMPLATE).render(
         report=report, matrix=node_check_matrix(report), pairwise=pairwise_matrices(report),
-        drift=drift_table(report), ranks=rank_map(report), summary=summary(report),
+        drift=drift_table(report), ranks=rank_map(report), summary=summary(report), plan=plan_section(report),
         status_order=STATUS_ORDER, esc=html.escape)
 
 

@@ -196,7 +196,11 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Returns the exact command and environment; starts and stops nothing.
+    details:
+      - Returns the exact command and environment; starts and stops nothing.
+      - With C(state=started), C(plan) says what the run would do (start, leave running, relaunch, leave finished,
+        or stop here because the job runs with another command) and from which checkpoint it would resume; an
+        env file the run has not rendered yet is named in C(plan.env_files_pending) instead of failing.
   diff_mode:
     support: none
   idempotent:
@@ -311,6 +315,15 @@ sidecars:
   description: Sidecars with pid and whether they run.
   returned: when a job is known
   type: list
+plan:
+  description:
+    - Check mode, C(state=started) - what the run would do on this node. C(action) is C(start) (no earlier launch),
+      C(relaunch) (the earlier launch ended; C(reason) says how, and whether the command fingerprint changed),
+      C(leave_running) (the same job runs), C(leave_finished) (it finished with this command), or C(blocked) (the
+      job runs with another command, so the run stops there; C(reason) says how to stop it). C(resume_from) is the
+      checkpoint it would resume from ("" from scratch); C(summary) is one line of all that.
+  returned: check mode with state=started
+  type: dict
 stopped:
   description: PIDs that got SIGTERM / SIGKILL.
   returned: state=stopped
@@ -534,6 +547,10 @@ class Launch(object):
     def file_envs(self):
         envs = []
         for path in self.p["env_files"]:
+            if self.m.check_mode and not os.path.exists(path):
+                # Check mode: the render play would write it before the launch; the plan names it.
+                self.result.setdefault("env_files_pending", []).append(path)
+                continue
             try:
                 with open(path) as f:
                     env, problems = tr.parse_env_file(f.read(), path)
@@ -645,6 +662,20 @@ class Launch(object):
                                  "ansible-playbook reset.yml" % (name, pid_path, e), **self.result)
         return checked, exit_path
 
+    def check_plan(self, action, reason, resume=""):
+        """Check mode: what the run would do on this node (result key plan)."""
+        words = {"start": "start job %s (first launch on this node)" % self.job,
+                 "relaunch": "relaunch job %s (%s)" % (self.job, reason),
+                 "leave_running": "leave job %s running (%s)" % (self.job, reason),
+                 "leave_finished": "leave job %s finished (%s)" % (self.job, reason),
+                 "blocked": "stop here: %s" % reason}[action]
+        if action in ("start", "relaunch"):
+            words += ", resume from %s" % resume if resume else ", from scratch (no complete checkpoint)"
+        plan = {"action": action, "reason": reason, "resume_from": resume or "", "summary": words,
+                "env_files_pending": list(self.result.get("env_files_pending") or [])}
+        self.result.update(plan=plan)
+        return plan
+
     def start(self):
         p = self.p
         if p["runtime"] == "docker" and not p["container"]:
@@ -681,7 +712,13 @@ class Launch(object):
             if running:
                 if state.get("fingerprint") == fp:
                     self.result.update(self.describe(state))
+                    if self.m.check_mode:
+                        self.check_plan("leave_running", "pid %s, same command" % state["pid"],
+                                        state.get("resume_from", ""))
                     return self.finish_wait(state)
+                if self.m.check_mode:
+                    self.check_plan("blocked", "job %s runs with another command (fingerprint changed); %s"
+                                    % (self.job, self.stop_hint(self.job)))
                 self.m.fail_json(
                     msg="job %s already runs on this node (pid %s) with a different command or environment:\n"
                         "  running: %s\n  wanted:  %s\n%s" % (
@@ -692,6 +729,8 @@ class Launch(object):
             if prev["state"] == "finished" and state.get("fingerprint") == fp and not p["rerun_finished"]:
                 self.result.update(prev, msg="job %s already finished with this command (rerun_finished=false)"
                                    % self.job)
+                if self.m.check_mode:
+                    self.check_plan("leave_finished", "same command, rerun_finished=false")
                 return self.result
 
         resume = self.resolve_resume()
@@ -710,6 +749,12 @@ class Launch(object):
         if self.m.check_mode:
             self.result.update(changed=True, state="started",
                                sidecars=[{"name": s["name"], "argv": s["argv"]} for s in p["sidecars"]])
+            if state is None:
+                self.check_plan("start", "no earlier launch", resume)
+            else:
+                self.check_plan("relaunch", "the earlier launch %s%s" % (
+                    prev["state"], "; the command fingerprint changed" if state.get("fingerprint") != fp
+                    else ", same command"), resume)
             return self.result
 
         # DeepSpeed tags its checkpoints on global rank 0's node only: give this node's copy its tag to resume from.

@@ -156,9 +156,11 @@ def test_edited_file_on_one_node_fails_the_consistency_check_with_a_diff(tmp_pat
     assert "node2" in bad["detail"] and "majority (node1, node3)" in bad["detail"]
     assert "-NCCL_SOCKET_NTHREADS=4" in bad["data"]["diff"] and "+NCCL_SOCKET_NTHREADS=2" in bad["data"]["diff"]
     assert "NCCL_SOCKET_NTHREADS=2" in f.read_text(), "preflight must not rewrite the file"
-    # check mode sees the same; a real run repairs the file
+    # check mode sees the same difference, pending on the render that would repair it; a real run repairs the file
     p = _run(c, check=True)
-    assert c.records(p, "nccl_env.consistent")["node2"]["status"] == "fail"
+    pending = c.records(p, "nccl_env.consistent")["node2"]
+    assert pending["status"] == "pending" and "Render the NCCL/torch env file" in pending["fix"]
+    assert "+NCCL_SOCKET_NTHREADS=2" in pending["data"]["diff"]
     p = _run(c)
     assert p.returncode == 0
     assert {r["status"] for r in c.records(p, "nccl_env.consistent").values()} == {"pass"}
