@@ -9,13 +9,16 @@ short_description: Gather a node's evidence about the training job (logs, state,
 description:
   - Read-only on the node: safe on a running, hung or dead job. Returns the files as data (base64) for the
     controller to store under C(runs/<id>/nodes/<host>/).
-  - From the job's state directory (C(<state_root>/<job>/)) the torchrun log (head and tail kept within
-    I(log_max_bytes)), C(launch.json), C(launch.exit.json), C(launch.spec.json), C(janitor.log), C(nccl.env),
-    C(ds_config.json), every rank's flight-recorder dump (C(flight_recorder/rank_<N>)) and progress file
-    (C(progress/rank_<N>.json)); the torchelastic error file of every failed rank named in the log (read in the
-    training container when it is not on the node).
-  - Files the job can write are read without following symbolic links, only when regular, and size-capped;
-    values of secret-looking variables (token, password, key, ...) in env and JSON files are replaced.
+  - From the job's host-only state directory (C(<state_root>/<job>/)) C(launch.json) and C(janitor.log); from its
+    read-only part (C(job-ro/)) C(nccl.env), C(ds_config.json) and the launcher's C(launch.spec.json); from its
+    job-writable part (C(job-rw/)) the torchrun log (head and tail kept within I(log_max_bytes)), the launcher's
+    C(launch.pid.json) and C(launch.exit.json), every rank's flight-recorder dump (C(flight_recorder/rank_<N>))
+    and progress file (C(progress/rank_<N>.json)). A job on the host (runtime host) keeps its launcher's spec,
+    pid and exit records in the host-only directory. The torchelastic error file of every failed rank named in
+    the log is read in the training container when the job runs in one (never as a host path).
+  - job-ro and job-rw are read as untrusted, through directory fds opened from the host-only directory: no
+    symbolic link followed (none in between either), only regular files, size-capped; values of secret-looking
+    variables (token, password, key, ...) in env and JSON files are replaced.
   - The kernel log since the job started (journalctl -k, else dmesg) with its Xid, OOM-killer and segfault
     events, C(nvidia-smi -q -x), the fabric manager's journal, the training container's C(docker inspect) and
     log tail. What cannot be read is listed with the reason, never silently left out.
@@ -78,23 +81,33 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
 from ansible.module_utils.job_collect import (
+    JobTree,
     error_files_in_log,
+    listdir_fd,
+    read_progress,
     redact_env_text,
     redact_file,
-    safe_listdir,
     safe_read,
 )
+from ansible.module_utils import torchrun as tr
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
-STATE_FILES = ("launch.json", "launch.exit.json", "launch.spec.json", "launch.pid.json", "nccl.env",
-               "ds_config.json", "janitor.log")
+# Where each file lives (module_utils/torchrun.py, docs/architecture.md "Node-local layout"): dir = the host-only
+# state directory, ro = its read-only part (job-ro), rw = its job-writable part (job-rw).
+STATE_FILES = ((tr.STATE_FILE, ("dir",)), (tr.EXIT_FILE, ("rw",)), (tr.SPEC_FILE, ("ro",)), (tr.PID_FILE, ("rw",)),
+               ("nccl.env", ("ro",)), ("ds_config.json", ("ro",)), ("janitor.log", ("dir",)))
 
 
 class Collector(object):
     def __init__(self, module):
         self.m = module
         self.p = module.params
-        self.dir = os.path.join(self.p["state_root"], self.p["job"])
+        try:
+            lay = tr.job_layout(self.p["state_root"], self.p["job"])
+        except tr.LaunchError as e:
+            module.fail_json(msg="job: %s" % e)
+        self.dir = lay["dir"]
+        self.tree = JobTree(lay, tr.JOB_RO_DIR, tr.JOB_RW_DIR)
         self.files = []
         t = self.p["timeout"]
         self._timeout = module.get_bin_path("timeout") if t > 0 else None
@@ -129,75 +142,97 @@ class Collector(object):
         return text
 
     def collect(self):
+        try:
+            return self._collect()
+        finally:
+            self.tree.close()
+
+    def _collect(self):
         p = self.p
+        tree = self.tree
         out = {"changed": False, "node": socket.gethostname(), "state": None, "started_at": None, "gpus": [],
                "smi_error": "", "progress": [], "dumps": [], "error_files": []}
-        if not os.path.isdir(self.dir):
-            self.add("state-dir", skipped="%s does not exist on this node (the job was never launched here?)"
-                     % self.dir)
-        # The launch state first: it says when the job started and where its log is.
-        state_path = os.path.join(self.dir, "launch.json")
-        st = safe_read(state_path, p["file_max_bytes"])
+        if tree.fd["dir"] is None:
+            self.add("state-dir", skipped="%s: %s on this node (the job was never launched here?)"
+                     % (self.dir, tree.why["dir"]))
+        # The launch state first (host-only): it says when the job started, how it runs and where its log is.
+        st = tree.read("dir", tr.STATE_FILE, p["file_max_bytes"])
         if st["data"]:
             try:
-                out["state"] = json.loads(redact_file("launch.json", st["data"]).decode("utf-8", "replace"))
+                out["state"] = json.loads(redact_file(tr.STATE_FILE, st["data"]).decode("utf-8", "replace"))
             except ValueError:
                 out["state"] = None
-        state = out["state"] or {}
+        state = out["state"] if isinstance(out["state"], dict) else {}
         out["started_at"] = state.get("started_at")
-        for name in STATE_FILES:
-            self.add_read(name, os.path.join(self.dir, name), p["file_max_bytes"])
-        log_path = state.get("log") or os.path.join(self.dir, "torchrun.log")
-        if not log_path.startswith(self.dir + os.sep):
-            log_path = os.path.join(self.dir, "torchrun.log")
-        log = self.add_read("torchrun.log", log_path, p["log_max_bytes"], p["log_head_bytes"])
+        # A job in a container keeps its launcher's spec in job-ro and its pid and exit records in job-rw; a job
+        # on the host keeps all three in the host-only directory.
+        in_container = state.get("runtime") == "docker"
+        for name, wheres in STATE_FILES:
+            if name in (tr.SPEC_FILE, tr.PID_FILE, tr.EXIT_FILE) and not in_container:
+                wheres = ("dir",) + wheres
+            r = tree.read_first(wheres, name, p["file_max_bytes"])
+            if name == tr.STATE_FILE:
+                r = st
+            self.add(name, r["data"], r["size"], r["truncated"], r["skipped"])
+        log_name = tree.log_name(state.get("log"))
+        log = tree.read("rw", log_name, p["log_max_bytes"], p["log_head_bytes"])
+        self.add("torchrun.log", log["data"], log["size"], log["truncated"], log["skipped"])
         log_text = (log["data"] or b"").decode("utf-8", "replace")
-        self.add_read("torchrun.log.1", log_path + ".1", p["file_max_bytes"])
+        r = tree.read("rw", log_name + ".1", p["file_max_bytes"])
+        self.add("torchrun.log.1", r["data"], r["size"], r["truncated"], r["skipped"])
 
-        # torchelastic error files of the failed ranks (inside the container's /tmp when it runs in one).
-        container = p["container"] or (state.get("container") if state.get("runtime") == "docker" else "")
+        # torchelastic error files of the failed ranks. Their paths come from the log, which the job writes: in a
+        # container they are read there (docker exec, the container's view), never as the host's paths.
+        container = p["container"] or (state.get("container") if in_container else "")
         docker = self.m.get_bin_path("docker", opt_dirs=SEARCH_DIRS)
         for i, path in enumerate(error_files_in_log(log_text)):
             name = "error-%d-%s" % (i, os.path.basename(os.path.dirname(path)) or "rank")
             out["error_files"].append(path)
-            r = safe_read(path, p["file_max_bytes"])
-            if r["data"] is None and container and docker:
+            if container:
+                if not docker:
+                    self.add(name + ".json", skipped="in container %s: docker is not installed" % container)
+                    continue
                 rc, o, e = self.run([docker, "exec", container, "head", "-c", str(p["file_max_bytes"]), path])
                 if rc == 0:
                     self.add(name + ".json", o.encode("utf-8", "replace"))
-                    continue
-                r["skipped"] = "%s (in container %s: %s)" % (r["skipped"], container, (e or "").strip()[:200])
+                else:
+                    self.add(name + ".json", skipped="in container %s: %s" % (container, (e or "").strip()[:200]))
+                continue
+            r = safe_read(path, p["file_max_bytes"])
             self.add(name + ".json", r["data"], r["size"], r["truncated"], r["skipped"])
 
-        # Flight-recorder dumps and progress files: written by the job, read with care.
-        fr_dir = os.path.join(self.dir, "flight_recorder")
-        for n in safe_listdir(fr_dir):
-            if not n.startswith("rank_") or not n[5:].isdigit():
-                continue
-            r = safe_read(os.path.join(fr_dir, n), p["dump_max_bytes"] + 1)
-            if r["data"] is not None and r["size"] > p["dump_max_bytes"]:
-                self.add("flight_recorder/" + n, size=r["size"],
-                         skipped="larger than dump_max_bytes (%d): not collected" % p["dump_max_bytes"])
-                continue
-            self.add("flight_recorder/" + n, r["data"], r["size"], r["truncated"], r["skipped"])
-            if r["data"] is not None:
-                out["dumps"].append(n)
-        prog_dir = os.path.join(self.dir, "progress")
-        for n in safe_listdir(prog_dir):
-            if not (n.startswith("rank_") and n.endswith(".json")):
-                continue
-            r = safe_read(os.path.join(prog_dir, n), 65536)
-            if r["data"] is None:
-                continue
+        # Flight-recorder dumps and progress files (job-rw): written by the job, read with care.
+        fr_fd, why = tree.subdir("rw", "flight_recorder")
+        try:
+            if fr_fd is None and why != "absent":
+                self.add("flight_recorder", skipped=why)
+            for n in listdir_fd(fr_fd):
+                if not n.startswith("rank_") or not n[5:].isdigit():
+                    continue
+                r = safe_read(n, p["dump_max_bytes"] + 1, dir_fd=fr_fd)
+                if r["data"] is not None and r["size"] > p["dump_max_bytes"]:
+                    self.add("flight_recorder/" + n, size=r["size"],
+                             skipped="larger than dump_max_bytes (%d): not collected" % p["dump_max_bytes"])
+                    continue
+                self.add("flight_recorder/" + n, r["data"], r["size"], r["truncated"], r["skipped"])
+                if r["data"] is not None:
+                    out["dumps"].append(n)
+        finally:
+            if fr_fd is not None:
+                os.close(fr_fd)
+        for n, r, rec in read_progress(tree):
             self.add("progress/" + n, r["data"], r["size"], r["truncated"])
-            try:
-                rec = json.loads(r["data"].decode("utf-8", "replace"))
-                if isinstance(rec, dict):
-                    out["progress"].append(rec)
-            except ValueError:
-                pass
-        for n in safe_listdir(os.path.join(self.dir, "stacks")):
-            self.add_read("stacks/" + n, os.path.join(self.dir, "stacks", n), p["file_max_bytes"])
+            if rec is not None:
+                out["progress"].append(rec)
+        # Stack dumps kept on the node (host-only directory).
+        st_fd, _why = tree.subdir("dir", "stacks")
+        try:
+            for n in listdir_fd(st_fd):
+                r = safe_read(n, p["file_max_bytes"], dir_fd=st_fd)
+                self.add("stacks/" + n, r["data"], r["size"], r["truncated"], r["skipped"])
+        finally:
+            if st_fd is not None:
+                os.close(st_fd)
 
         # The kernel log since the job started, and the GPUs.
         since = p["since"] or out["started_at"] or None

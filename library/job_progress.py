@@ -7,8 +7,9 @@ DOCUMENTATION = r"""
 module: job_progress
 short_description: A node's training progress, GPU state and (for a hung job) every rank's Python stack
 description:
-  - Reads the ranks' progress files (C(<state_root>/<job>/progress/rank_<N>.json), written by the entry point) without
-    following links, and C(nvidia-smi -q -x) for utilisation, memory, temperature and clock slowdown reasons.
+  - Reads the ranks' progress files (C(<state_root>/<job>/job-rw/progress/rank_<N>.json), written by the entry point)
+    through directory fds without following links (none in between either), and C(nvidia-smi -q -x) for
+    utilisation, memory, temperature and clock slowdown reasons.
   - With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job: with
     C(py-spy dump) where py-spy runs (on the node or in the training container, which needs CAP_SYS_PTRACE), else
     with SIGUSR1 to ranks that registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a
@@ -49,7 +50,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_health import parse_health_xml
-from ansible.module_utils.job_collect import main_call, parse_stacks, safe_listdir, safe_read
+from ansible.module_utils.job_collect import JobTree, main_call, parse_stacks, read_progress
+from ansible.module_utils import torchrun as tr
 from ansible.module_utils import procgroup as pg
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
@@ -81,7 +83,19 @@ def main():
         supports_check_mode=True,
     )
     p = m.params
-    jobdir = os.path.join(p["state_root"], p["job"])
+    try:
+        lay = tr.job_layout(p["state_root"], p["job"])
+    except tr.LaunchError as e:
+        m.fail_json(msg="job: %s" % e)
+    tree = JobTree(lay, tr.JOB_RO_DIR, tr.JOB_RW_DIR)
+    try:
+        out = progress_and_stacks(m, p, tree)
+    finally:
+        tree.close()
+    m.exit_json(**out)
+
+
+def progress_and_stacks(m, p, tree):
     tbin = m.get_bin_path("timeout")
 
     def run(argv):
@@ -90,15 +104,8 @@ def main():
         return m.run_command(argv, environ_update={"LC_ALL": "C"}, errors="surrogate_or_replace")
 
     out = {"changed": False, "progress": [], "gpus": [], "gpu_skipped": ""}
-    for n in safe_listdir(os.path.join(jobdir, "progress")):
-        if n.startswith("rank_") and n.endswith(".json"):
-            r = safe_read(os.path.join(jobdir, "progress", n), 65536)
-            try:
-                rec = json.loads((r["data"] or b"").decode("utf-8", "replace"))
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "rank" in rec:
-                out["progress"].append(rec)
+    # the ranks' progress files: job-rw/progress, written by the job, read through the tree's fds
+    out["progress"] = [rec for _n, _r, rec in read_progress(tree) if rec is not None and "rank" in rec]
     out["now"] = time.time()
 
     smi = m.get_bin_path(p["nvidia_smi"], opt_dirs=SEARCH_DIRS) if p["nvidia_smi"] else None
@@ -116,22 +123,24 @@ def main():
                 out["gpu_skipped"] = str(ex)
 
     if p["stacks"]:
-        out["stacks"] = stacks(m, run, jobdir, p["container"], out["progress"])
-    m.exit_json(**out)
+        out["stacks"] = stacks(m, run, tree, p["container"], out["progress"])
+    return out
 
 
-def stacks(m, run, jobdir, container, progress):
+def stacks(m, run, tree, container, progress):
     """Every rank's Python stack (see DOCUMENTATION)."""
-    st = safe_read(os.path.join(jobdir, "launch.json"), 1 << 20)
+    st = tree.read("dir", tr.STATE_FILE, 1 << 20)
     try:
-        token = json.loads((st["data"] or b"{}").decode()).get("token")
+        state = json.loads((st["data"] or b"{}").decode("utf-8", "replace"))
     except ValueError:
-        token = None
+        state = {}
+    state = state if isinstance(state, dict) else {}
+    token = state.get("token")
     if not token:
         return [{"rank": None, "skipped": "no launch state (launch.json) on this node: no job to dump"}]
     pyspy = m.get_bin_path("py-spy", opt_dirs=SEARCH_DIRS)
     docker = m.get_bin_path("docker", opt_dirs=SEARCH_DIRS) if container else None
-    log = os.path.join(jobdir, "torchrun.log")
+    log = tree.log_name(state.get("log"))  # in job-rw: the job writes it, so it is read through the tree
     res = []
     for rec in sorted(progress, key=lambda r: r.get("rank", 0)):
         rank, pid = rec.get("rank"), rec.get("pid")
@@ -154,16 +163,16 @@ def stacks(m, run, jobdir, container, progress):
                 break
             why.append("py-spy: %s" % ((e or o).strip().splitlines() or ["exit %s" % rc])[-1][:200])
         if not method and sigusr1_caught(pid):
-            start = os.path.getsize(log) if os.path.exists(log) else 0
+            start = tree.read("rw", log, 0)["size"]
             os.kill(pid, signal.SIGUSR1)
             for _ in range(20):
                 time.sleep(0.25)
-                r = safe_read(log, 4 << 20)
+                r = tree.read("rw", log, 4 << 20)
                 tail = (r["data"] or b"").decode("utf-8", "replace")[max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
                 if "most recent call first" in tail:
                     text, method = tail, "faulthandler (SIGUSR1)"
                     time.sleep(0.5)
-                    r = safe_read(log, 4 << 20)
+                    r = tree.read("rw", log, 4 << 20)
                     text = (r["data"] or b"").decode("utf-8", "replace")[
                         max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
                     break

@@ -4,8 +4,10 @@
 Pure functions (standard library only) shared by the module `job_collect` (on the nodes), `collect_bundle` (on the
 controller) and the launch role's status filters. Unit tests: tests/unit/test_job_collect.py.
 
-Everything under the job's state directory may have been written by the job (its flight-recorder dumps, progress
-files, logs): it is read without following symbolic links, only from regular files, and never more than a cap.
+Everything in the job's read-only and job-writable directories (job-ro/, job-rw/ beneath the host-only state
+directory; module_utils/torchrun.py) may have been written or replaced by the job (its flight-recorder dumps,
+progress files, log, pid and exit records): it is read through directory fds without following symbolic links,
+only from regular files, and never more than a cap (JobTree).
 """
 
 from __future__ import annotations
@@ -65,6 +67,31 @@ def _read_n(fd, n):
     return b"".join(chunks)
 
 
+def open_dir(path, dir_fd=None):
+    """(fd, '') of a directory opened without following a symbolic link at `path` (relative to `dir_fd` when
+    given), or (None, why): absent, a symbolic link, not a directory. Open the job-writable tree one level at a
+    time from a trusted directory's fd, so that no link the job planted in between is followed."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return (os.open(path, flags, dir_fd=dir_fd) if dir_fd is not None else os.open(path, flags)), ""
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None, "absent"
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None, "a symbolic link or not a directory (not followed)"
+        return None, "unreadable: %s" % e.strerror
+
+
+def listdir_fd(fd):
+    """Sorted names in an open directory; [] when it cannot be listed or fd is None."""
+    if fd is None:
+        return []
+    try:
+        return sorted(os.listdir(fd))
+    except OSError:
+        return []
+
+
 def safe_listdir(path):
     """Names in a directory that is not a symbolic link; [] when absent or a link."""
     try:
@@ -77,6 +104,86 @@ def safe_listdir(path):
         return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+class JobTree(object):
+    """A job's directories on a node, opened once: the host-only state directory (`layout['dir']`) and, through
+    its fd, the read-only and job-writable parts beneath it (`ro_name`, `rw_name`), none through a symbolic link.
+    Files are then read by name relative to those fds (safe_read: no link, regular files, capped), so nothing the
+    job writes can send a read elsewhere on the host. close() when done."""
+
+    def __init__(self, layout, ro_name, rw_name):
+        self.paths = {"dir": layout["dir"], "ro": layout["ro"], "rw": layout["rw"]}
+        self.fd, self.why = {}, {}
+        self.fd["dir"], self.why["dir"] = open_dir(layout["dir"])
+        for key, name in (("ro", ro_name), ("rw", rw_name)):
+            if self.fd["dir"] is None:
+                self.fd[key], self.why[key] = None, self.why["dir"]
+            else:
+                self.fd[key], self.why[key] = open_dir(name, self.fd["dir"])
+
+    def read(self, where, name, max_bytes, head_bytes=0):
+        """safe_read of the file `name` (a plain name, no '/') in the part `where` (dir, ro or rw)."""
+        if not name or "/" in name or name in (".", ".."):
+            return {"data": None, "size": 0, "truncated": False, "skipped": "not a plain file name: %r" % (name,)}
+        if self.fd.get(where) is None:
+            return {"data": None, "size": 0, "truncated": False,
+                    "skipped": "%s: %s" % (self.paths.get(where, where), self.why.get(where, "unknown part"))}
+        return safe_read(name, max_bytes, head_bytes, dir_fd=self.fd[where])
+
+    def read_first(self, wheres, name, max_bytes, head_bytes=0):
+        """The first of `wheres` that holds `name` (not absent); else the last one's answer."""
+        r = None
+        for where in wheres:
+            r = self.read(where, name, max_bytes, head_bytes)
+            if r["skipped"] != "absent" and not r["skipped"].endswith(": absent"):
+                return r
+        return r
+
+    def subdir(self, where, name):
+        """(fd, why) of the directory `name` in the part `where`, no link followed; the caller closes the fd."""
+        if self.fd.get(where) is None:
+            return None, "%s: %s" % (self.paths.get(where, where), self.why.get(where, "unknown part"))
+        return open_dir(name, self.fd[where])
+
+    def log_name(self, state_log, default="torchrun.log"):
+        """The log's name in the job-writable part: launch.json's `log` when it sits directly there, else
+        `default` (a log configured elsewhere is not read: it is outside the job's tree)."""
+        if state_log and os.path.dirname(state_log) == self.paths["rw"] and os.path.basename(state_log):
+            return os.path.basename(state_log)
+        return default
+
+    def close(self):
+        for key, fd in list(self.fd.items()):
+            if fd is not None:
+                os.close(fd)
+            self.fd[key] = None
+
+
+PROGRESS_MAX_BYTES = 65536
+
+
+def read_progress(tree):
+    """The ranks' progress files (job-rw/progress/rank_<N>.json) through `tree` (a JobTree): a list of
+    (name, safe_read result, record or None) for every file that could be read; record is the parsed dict."""
+    fd, _why = tree.subdir("rw", "progress")
+    res = []
+    try:
+        for n in listdir_fd(fd):
+            if not (n.startswith("rank_") and n.endswith(".json")):
+                continue
+            r = safe_read(n, PROGRESS_MAX_BYTES, dir_fd=fd)
+            if r["data"] is None:
+                continue
+            try:
+                rec = json.loads(r["data"].decode("utf-8", "replace"))
+            except ValueError:
+                rec = None
+            res.append((n, r, rec if isinstance(rec, dict) else None))
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return res
 
 
 # ----------------------------------------------------------------------------------------- secrets

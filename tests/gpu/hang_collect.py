@@ -2,9 +2,9 @@
 """GPU proof of the hang diagnosis: two "nodes" on ONE GPU (each torchrun agent claims its own NCCL host id, P2P and
 SHM off, sockets over lo), a real NCCL job in which rank 1 skips one all_reduce (tests/gpu/hang_job.py). NCCL's
 watchdog times out and dumps every rank's flight recorder (the variables nccl.env sets: TORCH_FR_BUFFER_SIZE,
-TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_NCCL_ENABLE_MONITORING=1, TORCH_FR_DUMP_TEMP_FILE=<state>/<job>/flight_recorder/
-rank_); then playbooks/collect.yml (local connection, inventory written here) must name rank 1 on gpu-node1, the
-collective (nccl:all_reduce), its sequence number and sizes.
+TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_NCCL_ENABLE_MONITORING=1, TORCH_FR_DUMP_TEMP_FILE=<state>/<job>/job-rw/
+flight_recorder/rank_); then playbooks/collect.yml (local connection, inventory written here) must name rank 1 on
+gpu-node1, the collective (nccl:all_reduce), its sequence number and sizes.
 
     python3 tests/gpu/hang_collect.py OUTDIR [--root /tmp/trainyard-hang] [--timeout-s 20]
 
@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "module_utils"))
+from torchrun import JOB_RW_DIR  # noqa: E402 (the repo's module_utils, put on the path just above)
 JOB = "hang"
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -57,7 +59,7 @@ def main() -> int:
     inv = inventory(a.root)
     agents, logs = [], []
     for i in (0, 1):
-        state = a.root / f"node{i}/state/{JOB}"
+        state = a.root / f"node{i}/state/{JOB}/{JOB_RW_DIR}"  # what the job writes: its job-writable directory
         (state / "flight_recorder").mkdir(parents=True)
         (state / "progress").mkdir()
         env = dict(os.environ, **GPU_ENV, CUDA_VISIBLE_DEVICES="0", NCCL_HOSTID=f"trainyard-gpu-node{i}",
@@ -73,7 +75,7 @@ def main() -> int:
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={i}", "--nproc_per_node=1",
              "--master_addr=127.0.0.1", "--master_port=39519", "--max_restarts=0",
              str(REPO / "tests/gpu/hang_job.py")], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT))
-    dumps = [a.root / f"node{i}/state/{JOB}/flight_recorder/rank_{i}" for i in (0, 1)]
+    dumps = [a.root / f"node{i}/state/{JOB}/{JOB_RW_DIR}/flight_recorder/rank_{i}" for i in (0, 1)]
     deadline = time.time() + 10 * a.timeout_s + 300
     hang_at = dumped_at = None
     while time.time() < deadline and not (hang_at and all(d.exists() and d.stat().st_size for d in dumps)):

@@ -18,6 +18,7 @@ import pytest
 
 LAUNCH = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
+RW = f"{STATE}/job-rw"  # the job-writable part (module_utils/torchrun.py JOB_RW_DIR): progress files, log, pid record
 FAULT = "/etc/trainyard-standin/fault"
 CONTAINER = "trainyard-train"
 ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "400", "--output-root", "/srv/outputs"]
@@ -25,7 +26,7 @@ ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "
 
 def steps(cluster, node) -> int:
     """The lowest step in the node's progress files (0 before the first)."""
-    out = cluster.exec(node, ["sh", "-c", f"cat {STATE}/progress/rank_*.json 2>/dev/null"], check=False).stdout
+    out = cluster.exec(node, ["sh", "-c", f"cat {RW}/progress/rank_*.json 2>/dev/null"], check=False).stdout
     found = [int(m) for m in re.findall(r'"step": (\d+)', out)]
     return min(found) if found else 0
 
@@ -55,9 +56,9 @@ def job(cluster):
     r = launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
     for node in cluster.nodes:
-        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {STATE}/progress && rm -f {STATE}/progress/*"])
+        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {RW}/progress && rm -f {RW}/progress/*"])
     extra = {"launch_example_argv": ARGV, "launch_wait_timeout": 600,
-             "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{STATE}/progress"}}
+             "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{RW}/progress"}}
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
     assert r.returncode == 0, r.stdout[-3000:]
     bad = cluster.nodes[1]
@@ -93,6 +94,7 @@ def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
         assert "trainyard: rendezvous done" in log
         assert (d / "nccl.env").exists() is False  # the stand-in env file is test.env, not nccl.env
         assert json.loads((d / "launch.json").read_text())["job"] == "train"
+        assert json.loads((d / "launch.pid.json").read_text())["pid"] > 1  # the launcher's record, from job-rw
         assert (d / "nvidia-smi-q.xml").read_text().lstrip().startswith("<?xml")
         assert json.loads((d / "container.inspect.json").read_text())[0]["Name"] == "/" + CONTAINER
         assert list((d / "progress").glob("rank_*.json"))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import job_collect as jc
+import torchrun as tr
 from conftest import adhoc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,27 +152,98 @@ def test_collect_bundle_refuses_a_dump_that_is_not_plain_data(tmp_path):
     assert "refused" in r["job"]["flight_recorder"]["note"]
 
 
-def test_job_collect_on_a_state_dir(tmp_path):
+def _layout(tmp_path):
+    """A job's node-local tree: host-only dir, job-ro and job-rw beneath it (module_utils/torchrun.py)."""
     job = tmp_path / "train"
-    (job / "flight_recorder").mkdir(parents=True)
-    (job / "progress").mkdir()
-    (job / "nccl.env").write_text("NCCL_DEBUG=WARN\nHF_TOKEN=secret-value\n")
-    (job / "torchrun.log").write_text("start\n" + "x" * 5000 + "\nlast line\n")
+    ro, rw = job / tr.JOB_RO_DIR, job / tr.JOB_RW_DIR
+    (rw / "flight_recorder").mkdir(parents=True)
+    (rw / "progress").mkdir()
+    ro.mkdir()
+    return job, ro, rw
+
+
+def test_job_collect_on_a_state_dir(tmp_path):
+    job, ro, rw = _layout(tmp_path)
+    (ro / "nccl.env").write_text("NCCL_DEBUG=WARN\nHF_TOKEN=secret-value\n")
+    (ro / "ds_config.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 4}))
+    (rw / "torchrun.log").write_text("start\n" + "x" * 5000 + "\nlast line\n")
+    (job / "torchrun.log").write_text("not the job's log\n")  # the log lives in job-rw, not the host-only dir
     (job / "launch.json").write_text(json.dumps({"job": "train", "started_at": time.time() - 60,
-                                                 "log": str(job / "torchrun.log"), "runtime": "host"}))
-    (job / "flight_recorder" / "rank_0").write_bytes(b"\x80\x04N.")
-    (job / "flight_recorder" / "rank_1").symlink_to("/etc/passwd")
-    (job / "progress" / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 3, "compute_s": 0.1}))
+                                                 "log": str(rw / "torchrun.log"), "runtime": "host"}))
+    (job / "launch.pid.json").write_text(json.dumps({"pid": 4242}))  # runtime host: records in the host-only dir
+    (job / "janitor.log").write_text("janitor pass\n")
+    (rw / "janitor.log").write_text("forged by the job\n")  # janitor.log is host-only: never read from job-rw
+    (rw / "flight_recorder" / "rank_0").write_bytes(b"\x80\x04N.")
+    (rw / "flight_recorder" / "rank_1").symlink_to("/etc/passwd")
+    (rw / "progress" / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 3, "compute_s": 0.1}))
     r = adhoc("job_collect", {"job": "train", "state_root": str(tmp_path), "log_max_bytes": 1000,
                               "log_head_bytes": 100, "nvidia_smi": ""})
     assert not r.get("failed"), r.get("msg")
     files = {f["name"]: f for f in r["files"]}
     env = base64.b64decode(files["nccl.env"]["content"]).decode()
     assert "secret-value" not in env and "HF_TOKEN=<redacted>" in env
+    assert json.loads(base64.b64decode(files["ds_config.json"]["content"])) == {"train_micro_batch_size_per_gpu": 4}
     log = base64.b64decode(files["torchrun.log"]["content"]).decode()
     assert files["torchrun.log"]["truncated"] and log.startswith("start") and log.endswith("last line\n")
+    assert json.loads(base64.b64decode(files["launch.pid.json"]["content"])) == {"pid": 4242}
     assert r["dumps"] == ["rank_0"] and files["flight_recorder/rank_1"]["skipped"] == "a symbolic link (not followed)"
     assert r["progress"] == [{"rank": 0, "step": 3, "compute_s": 0.1}]
-    assert files["janitor.log"]["skipped"] == "absent"
+    assert base64.b64decode(files["janitor.log"]["content"]) == b"janitor pass\n"
+    assert files["launch.exit.json"]["skipped"] == "absent"
     assert files["container.inspect.json"]["skipped"].startswith("the job runs on the node")
     assert "secret-value" not in json.dumps(r)
+
+
+def test_job_collect_follows_no_link_the_job_planted_in_its_writable_dir(tmp_path):
+    """A job in a container owns job-rw: a directory it replaces by a link to a host directory, and host paths
+    named in its log, must not be read on the host."""
+    job, ro, rw = _layout(tmp_path)
+    outside = tmp_path / "host-secrets"
+    outside.mkdir()
+    (outside / "rank_0").write_bytes(b"HOST-SECRET-DUMP")
+    (outside / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 99, "note": "HOST-SECRET-PROGRESS"}))
+    (outside / "error.json").write_text("HOST-SECRET-ERROR")
+    (rw / "flight_recorder").rmdir()
+    (rw / "progress").rmdir()
+    (rw / "flight_recorder").symlink_to(outside)
+    (rw / "progress").symlink_to(outside)
+    (rw / "torchrun.log").write_text("[rank0]: failed\n  error_file: %s\n" % (outside / "error.json"))
+    (rw / tr.PID_FILE).write_text(json.dumps({"pid": 7}))
+    (job / "launch.json").write_text(json.dumps({"job": "train", "started_at": time.time() - 60, "runtime": "docker",
+                                                 "container": "ty-no-such-container-19b",
+                                                 "log": str(rw / "torchrun.log")}))
+    r = adhoc("job_collect", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": "", "timeout": 20})
+    assert not r.get("failed"), r.get("msg")
+    files = {f["name"]: f for f in r["files"]}
+    assert "HOST-SECRET" not in json.dumps(r)
+    assert r["dumps"] == [] and r["progress"] == []
+    assert "not followed" in files["flight_recorder"]["skipped"]
+    assert files["error-0-host-secrets.json"]["skipped"].startswith("in container ty-no-such-container-19b")
+    assert json.loads(base64.b64decode(files[tr.PID_FILE]["content"])) == {"pid": 7}  # docker: pid record in job-rw
+    # the job-writable part itself replaced by a link: nothing under it is read
+    (rw / "torchrun.log").rename(tmp_path / "log")
+    for p in rw.iterdir():
+        p.unlink()
+    rw.rmdir()
+    rw.symlink_to(outside)
+    r = adhoc("job_collect", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": "", "timeout": 20})
+    files = {f["name"]: f for f in r["files"]}
+    assert "HOST-SECRET" not in json.dumps(r)
+    assert "not followed" in files["torchrun.log"]["skipped"]
+
+
+def test_job_progress_reads_progress_from_job_rw_only(tmp_path):
+    job, ro, rw = _layout(tmp_path)
+    (rw / "progress" / "rank_1.json").write_text(json.dumps({"rank": 1, "step": 5}))
+    (job / "progress").mkdir()
+    (job / "progress" / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 1}))  # old place: not read
+    r = adhoc("job_progress", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": ""})
+    assert not r.get("failed"), r.get("msg")
+    assert r["progress"] == [{"rank": 1, "step": 5}]
+    (rw / "progress" / "rank_1.json").unlink()
+    (rw / "progress").rmdir()
+    (rw / "progress").symlink_to(job / "progress")
+    r = adhoc("job_progress", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": ""})
+    assert r["progress"] == []
+    r = adhoc("job_progress", {"job": "../etc", "state_root": str(tmp_path), "nvidia_smi": ""})
+    assert r.get("failed") and "job name" in r["msg"]

@@ -3,6 +3,7 @@ node): every profile's file parsed, typos rejected with the nearest name, the ac
 
 import pytest
 
+import torchrun as tr
 from render_local import LocalCluster, recap_changed
 
 COMMON = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "MASTER_ADDR": "172.29.5.11", "MASTER_PORT": "39500",
@@ -38,7 +39,10 @@ def test_tcp_profile_default_then_idempotent_first_launch_gets_info(tmp_path):
     fr_paths = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
                 "TRAINYARD_PROGRESS_DIR")
     for e in envs.values():
-        assert e["TORCH_FR_DUMP_TEMP_FILE"].endswith("/train/flight_recorder/rank_") and e["TORCH_FR_BUFFER_SIZE"] == "2000"
+        # dumps and progress files go to the job-writable directory (nccl_env_rw_dir), never the host-only one
+        assert e["TORCH_FR_DUMP_TEMP_FILE"].endswith("/train/%s/flight_recorder/rank_" % tr.JOB_RW_DIR)
+        assert e["TRAINYARD_PROGRESS_DIR"].endswith("/train/%s/progress" % tr.JOB_RW_DIR)
+        assert e["TORCH_FR_BUFFER_SIZE"] == "2000"
         assert e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and e["TORCH_NCCL_ENABLE_MONITORING"] == "1"
     strip = [{k: v for k, v in e.items() if k != "NODE_RANK" and k not in fr_paths} for e in envs.values()]
     assert strip[0] == strip[1] == strip[2]

@@ -64,7 +64,9 @@ def test_secret_env_file_reaches_the_job_and_no_result_log_or_state(tmp_path):
         assert (tmp_path / "seen").read_text() == f"{SECRET}\n{OTHER}"  # the job got both
         assert res["secret_env"] == ["HF_TOKEN", "WANDB_API_KEY"]
         job = tmp_path / "state" / "secretjob"
-        files = {f.name: f.read_text(errors="replace") for f in job.iterdir() if f.is_file()}
+        # every file of the job's tree: the host-only directory, job-ro/ and job-rw/ (the log lives in job-rw/)
+        where = {f.name: f for f in job.rglob("*") if f.is_file()}
+        files = {n: f.read_text(errors="replace") for n, f in where.items()}
         assert {"launch.json", "launch.spec.json", "torchrun.log"} <= set(files)
         for value in (SECRET, OTHER):  # the secret file's values: in no output and no file of the state directory
             assert value not in p.stdout + json.dumps(res) + "".join(files.values())
@@ -76,8 +78,8 @@ def test_secret_env_file_reaches_the_job_and_no_result_log_or_state(tmp_path):
         # Modes: the state directory 0750, its control files 0640, the launch spec 0600.
         assert stat.S_IMODE(job.stat().st_mode) == 0o750
         for name in ("launch.json", "launch.pid.json", "torchrun.log"):
-            assert stat.S_IMODE((job / name).stat().st_mode) == 0o640, name
-        assert stat.S_IMODE((job / "launch.spec.json").stat().st_mode) == 0o600
+            assert stat.S_IMODE(where[name].stat().st_mode) == 0o640, name
+        assert stat.S_IMODE(where["launch.spec.json"].stat().st_mode) == 0o600
     finally:
         stop(tmp_path)
 
