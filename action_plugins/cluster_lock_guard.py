@@ -81,9 +81,13 @@ broken:
   description: The record of a stale lock that was removed (break=true), or null.
   returned: state=present
   type: dict
-holder:
+record:
   description: This run's record (who and what), as stored on the node.
   returned: always
+  type: dict
+lock_holder:
+  description: The record of the run that holds the lock, when the task failed because of it.
+  returned: failure
   type: dict
 """
 
@@ -161,7 +165,7 @@ class ActionModule(ActionBase):
         record = lk.owner_record(getpass.getuser(), host, boot, pid, ticks, lk.playbooks_from_argv(sys.argv),
                                  task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
         token = record["token"]
-        result["holder"] = record
+        result["record"] = record
 
         if state == "absent":
             r = self._lock_module(task_vars, path=path, state="absent", token=token)
