@@ -157,9 +157,13 @@ class ActionModule(ActionBase):
         if state not in ("present", "absent"):
             return dict(result, failed=True, msg="cluster_lock_guard: state must be present or absent, not %r" % state)
 
-        # Worker processes are forked from ansible-playbook: its PID is our parent's, its argv is ours.
-        pid = os.getppid()
+        # Worker processes are forked from ansible-playbook: its argv is ours, its PID the callback cluster_lock's
+        # note (our parent's without it). A worker left behind by a killed ansible-playbook takes no lock.
+        pid = int(os.environ.get(lk.PID_ENV) or os.getppid())
         ticks = lk.proc_start_ticks(pid)
+        if pid == 1 or lk.pid_alive(pid, ticks) is False:
+            return dict(result, failed=True, msg="cluster lock: ansible-playbook (PID %d) is gone; not taking or "
+                                                 "releasing the lock of %s" % (pid, node))
         host = socket.gethostname()
         boot = lk.boot_id()
         record = lk.owner_record(getpass.getuser(), host, boot, pid, ticks, lk.playbooks_from_argv(sys.argv),

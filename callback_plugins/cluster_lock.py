@@ -82,6 +82,7 @@ class CallbackModule(CallbackBase):
         lk = _load()
         _forget_dead(lk)
         pid = os.getpid()
+        os.environ[lk.PID_ENV] = str(pid)  # the workers forked later read the run's PID from here
         marker = lk.marker_path(MARKER_DIR, pid, lk.proc_start_ticks(pid))
         atexit.register(_release_at_exit, marker)
         _REGISTERED.append(marker)

@@ -36,6 +36,8 @@ import time
 VERSION = 1
 LOCK_NAME = "cluster.lock"
 PROC = "/proc"
+# Set by the callback cluster_lock in ansible-playbook's environment: its PID, which the workers inherit.
+PID_ENV = "TRAINYARD_ANSIBLE_PLAYBOOK_PID"
 # Flags of every open of a file in the lock directory: never follow a link planted there.
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
