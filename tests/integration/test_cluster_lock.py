@@ -148,7 +148,8 @@ def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
     finally:
         assert site.wait() == 0, site.output[-3000:]
     for node in lk.nodes:
-        assert job_tokens(lk, node) == before[node], node
+        after = job_tokens(lk, node)  # one job, and the one that ran before site.yml when there was one
+        assert len(after) == 1 and after == (before[node] or after), (node, before[node], after)
         assert holder(lk, node) is None, node
 
 
