@@ -1,0 +1,273 @@
+# -*- coding: utf-8 -*-
+"""Take or give back the cluster lock of a node from the controller: who and what, waiting, staleness, the
+message, the heartbeat refresher. The file work on the node is the module cluster_lock."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cluster_lock_guard
+short_description: Take (waiting, judging staleness) or release the cluster lock of a node
+description:
+  - Runs the module C(cluster_lock) on the node with this run's record: the user, the controller host and boot
+    id, the PID and start time of the C(ansible-playbook) process, the playbooks on its command line and the
+    tags.
+  - While another run holds the lock it retries every I(poll_s) seconds up to I(wait_s), then fails with one
+    line naming the holder, what it runs, since when, and the fix. A holder judged gone (its process no longer
+    runs on this controller, or no heartbeat for I(stale_s)) is reported at once, and its lock is removed only
+    with I(break=true).
+  - After taking a lock it starts a heartbeat refresher on the controller (a detached process) that touches the
+    node's lock every I(stale_s)/4 seconds (1-30 s) while the run lives, and releases it when the run ends,
+    whether it succeeded or failed (the callback C(cluster_lock) removes the run's marker file at exit). After a
+    C(kill -9) of ansible-playbook the refresher stops and the lock goes stale.
+options:
+  path:
+    description: Lock directory on the node (C(cluster_lock_dir)).
+    type: path
+    required: true
+  state:
+    description: C(present) takes the lock, C(absent) gives back this run's lock.
+    type: str
+    choices: [present, absent]
+    default: present
+  wait_s:
+    description: Longest wait for a lock held by a live run, in seconds.
+    type: float
+    default: 60
+  stale_s:
+    description: A holder on another controller with no heartbeat for this long is gone, in seconds.
+    type: float
+    default: 300
+  break:
+    description: Remove a lock whose holder is gone (never a live one).
+    type: bool
+    default: false
+  poll_s:
+    description: Seconds between tries while waiting.
+    type: float
+    default: 2
+  mounted:
+    description: C({variable: path}) of the directories the training container mounts; I(path) must be outside.
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+    details: reports who holds the lock (a warning) and takes nothing.
+"""
+
+EXAMPLES = r"""
+- name: Take the cluster lock
+  cluster_lock_guard:
+    path: /var/lib/trainyard-lock
+    wait_s: 60
+    stale_s: 300
+"""
+
+RETURN = r"""
+acquired:
+  description: This run holds the node's lock (never reported as a change; the lock is the run's bookkeeping).
+  returned: state=present
+  type: bool
+created:
+  description: This call took the lock (false when the run already held it).
+  returned: state=present
+  type: bool
+released:
+  description: This call removed the run's lock (state=absent).
+  returned: state=absent
+  type: bool
+broken:
+  description: The record of a stale lock that was removed (break=true), or null.
+  returned: state=present
+  type: dict
+record:
+  description: This run's record (who and what), as stored on the node.
+  returned: always
+  type: dict
+lock_holder:
+  description: The record of the run that holds the lock, when the task failed because of it.
+  returned: failure
+  type: dict
+"""
+
+import getpass
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ansible import constants as C
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+REPO = Path(__file__).resolve().parents[1]
+MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
+
+
+def _load():
+    name = "trainyard_cluster_lock"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_lock.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+
+    def _lock_module(self, task_vars, **args):
+        return self._execute_module(module_name="cluster_lock", module_args=args, task_vars=task_vars)
+
+    def _lock_module_detached(self, task_vars, **args):
+        """_lock_module after the task ended: a remote tmp directory of its own (where pipelining is off),
+        removed afterwards."""
+        self._connection._shell.tmpdir = None
+        try:
+            return self._lock_module(task_vars, **args)
+        finally:
+            if self._connection._shell.tmpdir:
+                self._remove_tmp_path(self._connection._shell.tmpdir, force=True)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        lk = _load()
+        a = self._task.args
+        path = a.get("path")
+        state = a.get("state", "present")
+        wait_s = float(a.get("wait_s", 60))
+        stale_s = float(a.get("stale_s", 300))
+        brk = boolean(a.get("break", False), strict=False)
+        poll_s = max(0.2, float(a.get("poll_s", 2)))
+        node = task_vars.get("inventory_hostname", "?")
+
+        problem = lk.check_lock_dir(path, dict(a.get("mounted") or {}))
+        if problem:
+            return dict(result, failed=True, msg=problem)
+        if state not in ("present", "absent"):
+            return dict(result, failed=True, msg="cluster_lock_guard: state must be present or absent, not %r" % state)
+
+        # Worker processes are forked from ansible-playbook: its argv is ours, its PID the callback cluster_lock's
+        # note (our parent's without it). A worker left behind by a killed ansible-playbook takes no lock.
+        pid = int(os.environ.get(lk.PID_ENV) or os.getppid())
+        ticks = lk.proc_start_ticks(pid)
+        if pid == 1 or lk.pid_alive(pid, ticks) is False:
+            return dict(result, failed=True, msg="cluster lock: ansible-playbook (PID %d) is gone; not taking or "
+                                                 "releasing the lock of %s" % (pid, node))
+        host = socket.gethostname()
+        boot = lk.boot_id()
+        record = lk.owner_record(getpass.getuser(), host, boot, pid, ticks, lk.playbooks_from_argv(sys.argv),
+                                 task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
+        token = record["token"]
+        result["record"] = record
+
+        if state == "absent":
+            r = self._lock_module(task_vars, path=path, state="absent", token=token)
+            if r.get("failed"):
+                return dict(result, **r)
+            # The lock is the run's bookkeeping, not a change of the cluster: a converged run reports changed=0.
+            return dict(result, changed=False, released=bool(r.get("released")))
+
+        started = time.monotonic()
+        break_token = ""
+        announced = False
+        while True:
+            r = self._lock_module(task_vars, path=path, state="present", record=record, break_token=break_token)
+            if r.get("failed"):
+                return dict(result, **r)
+            if r.get("broken"):
+                display.warning("%s: removed the stale cluster lock of %s" % (node, lk.describe(r["broken"])))
+                result["broken"] = r["broken"]
+            if r.get("acquired"):
+                result.update(acquired=True, created=bool(r.get("created")), changed=False)
+                if r.get("created") and not self._task.check_mode:
+                    self._start_refresher(lk, task_vars, path, token, pid, ticks, stale_s)
+                return result
+            holder = r.get("holder")
+            if holder is None:  # freed between the tries: take it now
+                continue
+            stale, reason = lk.judge(holder, r.get("heartbeat_age_s"), stale_s, host, boot)
+            if stale and brk and not break_token:
+                break_token = holder.get("token") or ""
+                if break_token:
+                    continue
+            lock_file = r.get("lock") or os.path.join(path, lk.LOCK_NAME)
+            if self._task.check_mode:
+                display.warning(lk.held_message(node, lock_file, holder, r.get("age_s"), 0,
+                                                reason if stale else None))
+                return dict(result, acquired=False)
+            if stale:
+                return dict(result, failed=True, acquired=False, lock_holder=holder,
+                            msg=lk.held_message(node, lock_file, holder, r.get("age_s"), stale_reason=reason))
+            waited = time.monotonic() - started
+            if waited >= wait_s:
+                return dict(result, failed=True, acquired=False, lock_holder=holder,
+                            msg=lk.held_message(node, lock_file, holder, r.get("age_s"), waited_s=waited))
+            if not announced:
+                display.display("%s: waiting up to %d s for the cluster lock held by %s"
+                                % (node, wait_s, lk.describe(holder, r.get("age_s"))))
+                announced = True
+            time.sleep(min(poll_s, max(0.0, wait_s - waited)))
+
+    def _start_refresher(self, lk, task_vars, path, token, pid, ticks, stale_s):
+        """A detached process on the controller: heartbeat every stale_s/4 (1-30 s) while ansible-playbook
+        lives; release when the run's marker file disappears (the callback removes it at exit); stop without
+        releasing when ansible-playbook is gone without that (killed: the lock goes stale)."""
+        os.makedirs(MARKER_DIR, mode=0o700, exist_ok=True)
+        marker = lk.marker_path(MARKER_DIR, pid, ticks)
+        with open(marker, "a"):
+            pass
+        interval = lk.heartbeat_interval(stale_s)
+        child = os.fork()
+        if child:
+            os.waitpid(child, 0)
+            return
+        try:
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.closerange(3, 65536)
+            display._final_q = None  # not a worker any more: nothing goes back to ansible-playbook
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            next_beat = time.monotonic() + interval
+            while True:
+                time.sleep(0.5)
+                # The liveness first: the marker goes before the process, so a dead process whose marker is
+                # still there was killed (leave the lock to go stale); a removed marker means the run ended.
+                alive = lk.pid_alive(pid, ticks)
+                if not os.path.exists(marker):
+                    self._lock_module_detached(task_vars, path=path, state="absent", token=token)
+                    break
+                if alive is False:
+                    break
+                if time.monotonic() >= next_beat:
+                    try:
+                        r = self._lock_module_detached(task_vars, path=path, state="heartbeat", token=token)
+                    except Exception:  # noqa: BLE001 - an unreachable node: try again at the next beat
+                        r = {"alive": True}
+                    if not r.get("alive", False) and not r.get("failed") and not r.get("unreachable"):
+                        break
+                    next_beat = time.monotonic() + interval
+            # ansible-playbook removed its local tmp directory at exit; the module runs above made it again.
+            for _ in range(20):
+                if lk.pid_alive(pid, ticks) is not True:
+                    shutil.rmtree(C.DEFAULT_LOCAL_TMP, ignore_errors=True)
+                    break
+                time.sleep(0.5)
+        except BaseException:  # noqa: BLE001 - a detached process never returns into Ansible
+            pass
+        finally:
+            os._exit(0)

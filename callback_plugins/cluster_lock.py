@@ -1,0 +1,88 @@
+# -*- coding: utf-8 -*-
+"""Give back the cluster locks of this ansible-playbook run when it exits, whether it succeeded, failed or was
+interrupted with Ctrl-C: removes the run's marker file, and the lock refreshers (action cluster_lock_guard)
+release each node's lock when they see it gone. A run killed with -9 leaves the marker: its locks go stale."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+name: cluster_lock
+type: aggregate
+short_description: Release this run's cluster locks when ansible-playbook exits
+description:
+  - Loaded without being enabled (it prints nothing). At exit it removes the marker file that the action
+    C(cluster_lock_guard) created for this ansible-playbook process, which tells the heartbeat refreshers to
+    release the nodes' locks; it also removes markers of processes that no longer run.
+"""
+
+import atexit
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+from ansible.plugins.callback import CallbackBase
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
+_REGISTERED = []
+
+
+def _load():
+    name = "trainyard_cluster_lock"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_lock.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _release_at_exit(marker):
+    try:
+        os.unlink(marker)
+    except OSError:
+        pass
+
+
+def _forget_dead(lk):
+    """Markers of ansible-playbook processes killed over an hour ago (their refreshers stopped long since)."""
+    try:
+        names = os.listdir(MARKER_DIR)
+    except OSError:
+        return
+    for name in names:
+        stem = name[:-len(".held")] if name.endswith(".held") else ""
+        pid, _, ticks = stem.partition("-")
+        path = os.path.join(MARKER_DIR, name)
+        try:
+            old = time.time() - os.lstat(path).st_mtime > 3600
+        except OSError:
+            continue
+        if old and pid.isdigit() and lk.pid_alive(int(pid), int(ticks) if ticks.isdigit() else None) is False:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "cluster_lock"
+    CALLBACK_NEEDS_ENABLED = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if _REGISTERED:
+            return
+        lk = _load()
+        _forget_dead(lk)
+        pid = os.getpid()
+        os.environ[lk.PID_ENV] = str(pid)  # the workers forked later read the run's PID from here
+        marker = lk.marker_path(MARKER_DIR, pid, lk.proc_start_ticks(pid))
+        atexit.register(_release_at_exit, marker)
+        _REGISTERED.append(marker)

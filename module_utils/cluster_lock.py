@@ -1,0 +1,422 @@
+# -*- coding: utf-8 -*-
+"""The cluster lock: one changing operation at a time per cluster (stdlib only).
+
+Every playbook that changes the nodes or the job (site, reset, the NCCL check, ...) takes the lock on every
+node, head first, before it touches anything, and gives it back at its end. The lock of a node is one file,
+``<lock_dir>/cluster.lock``, holding a JSON record of its holder:
+
+* who: the user, the controller's host name and boot id, the PID of the ``ansible-playbook`` process and that
+  process's start time (field 22 of ``/proc/PID/stat``, so a reused PID is not mistaken for the holder);
+* what: the playbooks on the command line, the tags and skip-tags;
+* the run's token (a digest of who), so one run takes a node's lock again without waiting for itself.
+
+The file appears atomically and complete: the record is written to a private temporary file (``O_CREAT |
+O_EXCL | O_NOFOLLOW``) and ``link()``-ed to the lock's name, which fails with ``EEXIST`` while another holder
+has it. Its modification time is the heartbeat: while the run lives, a refresher on the controller touches it
+every few seconds, and the node itself measures its age (no clock skew between controller and node enters).
+
+Whether a lock found held is stale is decided on the controller (``judge``): when the holder ran on this
+controller host (same host name and boot id), its process is looked up directly; otherwise a heartbeat older
+than ``cluster_lock_stale_s`` means the holder is gone. A stale lock is reported, and broken only on request
+(``cluster_lock_break``). ``held_message`` is the one line a waiting run stops with.
+
+The node-side functions (``acquire``, ``release``, ``heartbeat``, ``read``) are used by
+``library/cluster_lock.py``; the rest by ``action_plugins/cluster_lock.py`` and the release callback.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import time
+
+VERSION = 1
+LOCK_NAME = "cluster.lock"
+PROC = "/proc"
+# Set by the callback cluster_lock in ansible-playbook's environment: its PID, which the workers inherit.
+PID_ENV = "TRAINYARD_ANSIBLE_PLAYBOOK_PID"
+# Flags of every open of a file in the lock directory: never follow a link planted there.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PLAYBOOK_SUFFIXES = (".yml", ".yaml")
+# ansible-playbook options that take a value (the value is not a playbook).
+_OPTS_WITH_VALUE = frozenset((
+    "-i", "--inventory", "--inventory-file", "-e", "--extra-vars", "-t", "--tags", "--skip-tags", "-l", "--limit",
+    "-u", "--user", "-c", "--connection", "-T", "--timeout", "-f", "--forks", "-M", "--module-path",
+    "--vault-id", "--vault-password-file", "--vault-pass-file", "--private-key", "--key-file",
+    "--ssh-common-args", "--sftp-extra-args", "--scp-extra-args", "--ssh-extra-args", "--become-method",
+    "--become-user", "--become-password-file", "--connection-password-file", "--start-at-task", "-P", "--poll",
+    "-B", "--background",
+))
+
+
+class LockError(Exception):
+    """A lock directory or file that must not be used (wrong owner, group-writable, a link)."""
+
+
+# ---------------------------------------------------------------- who and what (controller side)
+
+def proc_start_ticks(pid, proc=PROC):
+    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    try:
+        with open(os.path.join(proc, str(int(pid)), "stat")) as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    rpar = text.rfind(")")
+    fields = text[rpar + 2:].split() if rpar >= 0 else []
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id(proc=PROC):
+    """This machine's boot id ('' where /proc does not give one)."""
+    try:
+        with open(os.path.join(proc, "sys", "kernel", "random", "boot_id")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_alive(pid, ticks, proc=PROC):
+    """True while PID runs and (when ticks is known) started at ticks; False when gone; None when unknowable."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except (OSError, ValueError, TypeError):
+        return None
+    if ticks is None:
+        return True
+    now = proc_start_ticks(pid, proc)
+    if now is None:
+        return None if not os.path.isdir(proc) else False
+    return now == int(ticks)
+
+
+def playbooks_from_argv(argv):
+    """The playbook names (file names, no directories) on an ansible-playbook command line."""
+    found = []
+    skip = False
+    for arg in list(argv or [])[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg in _OPTS_WITH_VALUE:
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        if arg.endswith(_PLAYBOOK_SUFFIXES):
+            found.append(os.path.basename(arg))
+    return found
+
+
+def run_token(host, boot, pid, ticks):
+    """The token of one ansible-playbook run: the same for every node and play of the run."""
+    text = "%s|%s|%s|%s" % (host, boot, int(pid), ticks)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def owner_record(user, host, boot, pid, ticks, playbooks, tags=None, skip_tags=None):
+    """The lock record of this run (what the node stores; the node adds acquired_at)."""
+    return {
+        "version": VERSION,
+        "token": run_token(host, boot, pid, ticks),
+        "user": str(user or "?"),
+        "host": str(host or "?"),
+        "boot_id": str(boot or ""),
+        "pid": int(pid),
+        "pid_ticks": ticks,
+        "playbooks": [str(p) for p in (playbooks or [])],
+        "tags": [str(t) for t in (tags or ["all"])],
+        "skip_tags": [str(t) for t in (skip_tags or [])],
+    }
+
+
+def _utc(ts):
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(ts)))
+    except (TypeError, ValueError, OverflowError):
+        return "an unknown time"
+
+
+def _dur(seconds):
+    s = max(0, int(round(float(seconds or 0))))
+    if s < 120:
+        return "%d s" % s
+    if s < 7200:
+        return "%d min" % (s // 60)
+    return "%.1f h" % (s / 3600.0)
+
+
+def describe(holder, age_s=None):
+    """'alice@ctl1 (ansible-playbook PID 4242) running site.yml (tags: launch) since 2026-... UTC (3 min ago)'."""
+    if not isinstance(holder, dict):
+        return "an unknown holder"
+    books = ", ".join(holder.get("playbooks") or []) or "a playbook"
+    tags = [t for t in holder.get("tags") or [] if t != "all"]
+    what = books + (" (tags: %s)" % ", ".join(tags) if tags else "")
+    if holder.get("skip_tags"):
+        what += " (skip-tags: %s)" % ", ".join(holder["skip_tags"])
+    since = "since %s" % _utc(holder.get("acquired_at"))
+    if age_s is not None:
+        since += " (%s ago)" % _dur(age_s)
+    return "%s@%s (ansible-playbook PID %s) running %s %s" % (
+        holder.get("user", "?"), holder.get("host", "?"), holder.get("pid", "?"), what, since)
+
+
+def judge(holder, heartbeat_age_s, stale_s, here_host, here_boot, alive=pid_alive):
+    """(stale, reason) for a lock found held by another run.
+
+    A holder that ran on this controller host (same host name and boot id) is looked up directly: stale when its
+    process is gone, live while it runs, whatever the heartbeat says. Otherwise a heartbeat older than stale_s
+    means the holder is gone. A record nobody can read (not JSON, no token) is stale once its file is older
+    than stale_s (a holder may be between writing and linking it: never, the file appears complete, but a
+    disk may have been filled)."""
+    if not isinstance(holder, dict) or not holder.get("token"):
+        if heartbeat_age_s is not None and heartbeat_age_s > stale_s:
+            return True, "the lock file is unreadable and %s old" % _dur(heartbeat_age_s)
+        return False, "the lock file is unreadable"
+    if holder.get("host") == here_host:
+        if here_boot and holder.get("boot_id") and holder.get("boot_id") != here_boot:
+            return True, "controller %s has restarted since it took the lock" % here_host
+        state = alive(holder.get("pid"), holder.get("pid_ticks"))
+        if state is False:
+            return True, "its ansible-playbook process %s no longer runs on %s" % (holder.get("pid"), here_host)
+        if state is True:
+            return False, "its ansible-playbook process runs on this controller"
+    if heartbeat_age_s is not None and heartbeat_age_s > stale_s:
+        return True, "no heartbeat for %s (cluster_lock_stale_s is %s s)" % (_dur(heartbeat_age_s), stale_s)
+    return False, "its heartbeat is %s old" % _dur(heartbeat_age_s)
+
+
+def held_message(node, path, holder, age_s, waited_s=None, stale_reason=None):
+    """The one line a run stops with when a node's lock is held by another run."""
+    who = describe(holder, age_s)
+    if stale_reason is not None:
+        return ("Cluster lock %s on %s is held by %s, but that holder is gone (%s). Fix: make sure that run is "
+                "over (its job may be half started: reset.yml), then rerun with -e cluster_lock_break=true."
+                % (path, node, who, stale_reason))
+    return ("Cluster lock %s on %s is held by %s; waited %s (cluster_lock_wait_s). One operation at a time per "
+            "cluster: wait for that run to end and rerun (playbooks/status.yml and preflight.yml need no lock), "
+            "or raise cluster_lock_wait_s to wait longer." % (path, node, who, _dur(waited_s)))
+
+
+def check_lock_dir(lock_dir, mounted):
+    """A 'Stop if ...' line when cluster_lock_dir is unusable, else None. mounted: {variable: path} of the
+    directories the training container mounts (the job must never see or remove the lock)."""
+    if not isinstance(lock_dir, str) or not os.path.isabs(lock_dir):
+        return ("Stop if cluster_lock_dir is not an absolute path: it is %r. Fix: set cluster_lock_dir to an "
+                "absolute directory only root uses, e.g. /var/lib/trainyard-lock." % (lock_dir,))
+    norm = os.path.normpath(lock_dir)
+    if norm == "/":
+        return "Stop if cluster_lock_dir is /. Fix: use a directory of its own, e.g. /var/lib/trainyard-lock."
+    for var, path in sorted((mounted or {}).items()):
+        if not isinstance(path, str) or not path:
+            continue
+        p = os.path.normpath(path)
+        if norm == p or norm.startswith(p.rstrip("/") + "/") or p.startswith(norm.rstrip("/") + "/"):
+            return ("Stop if cluster_lock_dir is inside or around a directory the training container mounts: "
+                    "cluster_lock_dir %s and %s %s. Fix: put cluster_lock_dir outside it, e.g. "
+                    "/var/lib/trainyard-lock." % (lock_dir, var, path))
+    return None
+
+
+def heartbeat_interval(stale_s):
+    """How often the refresher touches a held lock: a quarter of the stale limit, 1-30 s."""
+    return max(1.0, min(30.0, float(stale_s) / 4.0))
+
+
+def marker_path(base, pid, ticks):
+    """Controller-side file that exists while a run holds locks; its removal at exit tells the refreshers."""
+    return os.path.join(base, "%d-%s.held" % (int(pid), ticks))
+
+
+# ---------------------------------------------------------------- the lock file (node side)
+
+def ensure_dir(lock_dir, check_only=False):
+    """Create lock_dir 0700 (parents 0755) if missing; refuse a link, another owner or group/other write."""
+    if not check_only and not os.path.lexists(lock_dir):
+        parent = os.path.dirname(lock_dir.rstrip("/")) or "/"
+        if not os.path.isdir(parent):
+            os.makedirs(parent, 0o755)
+        try:
+            os.mkdir(lock_dir, 0o700)
+        except FileExistsError:
+            pass
+    try:
+        st = os.lstat(lock_dir)
+    except FileNotFoundError:
+        if check_only:
+            return
+        raise
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise LockError("%s is not a directory (a link or a file): remove it; the lock directory must be a "
+                        "plain directory only root can write" % lock_dir)
+    if st.st_uid != os.geteuid():
+        raise LockError("%s belongs to uid %d, not to uid %d: chown it or choose another cluster_lock_dir"
+                        % (lock_dir, st.st_uid, os.geteuid()))
+    if st.st_mode & 0o077:
+        if check_only:
+            raise LockError("%s is mode %o: it must be 0700" % (lock_dir, stat.S_IMODE(st.st_mode)))
+        os.chmod(lock_dir, 0o700)
+
+
+def read(lock_dir, now=None):
+    """(record or None, age of the lock in s, age of its heartbeat in s); (None, None, None) when free.
+    A file that is not a JSON object gives the record {} (unreadable)."""
+    return _read_path(os.path.join(lock_dir, LOCK_NAME), now)
+
+
+def _read_path(path, now=None):
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except FileNotFoundError:
+        return None, None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LockError("%s is a symbolic link: remove it" % path)
+        raise
+    try:
+        st = os.fstat(fd)
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    now = time.time() if now is None else now
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    try:
+        since = float(record.get("acquired_at", st.st_mtime))
+    except (TypeError, ValueError):
+        since = st.st_mtime
+    return record, max(0.0, now - since), max(0.0, now - st.st_mtime)
+
+
+def _write_private(lock_dir, record):
+    """Write record to a new private file in lock_dir; its path."""
+    tmp = os.path.join(lock_dir, ".%s.%s.%d.%d" % (LOCK_NAME, record.get("token", "x"), os.getpid(),
+                                                   int(time.time() * 1e6)))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(record, sort_keys=True).encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _take_out(lock_dir, token):
+    """Atomically move the lock aside if it holds token (a rename, then a check of what was moved: a lock
+    that changed hands in between is linked back). True when removed."""
+    path = os.path.join(lock_dir, LOCK_NAME)
+    aside = os.path.join(lock_dir, ".%s.out.%d.%d" % (LOCK_NAME, os.getpid(), int(time.time() * 1e6)))
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    try:
+        record, _, _ = _read_path(aside)
+        if (record or {}).get("token") == token:
+            return True
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        return False
+    finally:
+        try:
+            os.unlink(aside)
+        except FileNotFoundError:
+            pass
+
+
+def acquire(lock_dir, record, break_token=None, now=None, check_mode=False):
+    """Take the lock for record (a dict with 'token').
+
+    Returns {acquired, created, broken, holder, age_s, heartbeat_age_s}: created when this call made the
+    lock, acquired also when the run already held it (its heartbeat is refreshed); holder is the record found
+    when another run holds it. break_token removes a lock that holds exactly that token first (the caller
+    judged it stale); a lock that changed hands since is left alone."""
+    ensure_dir(lock_dir, check_only=check_mode)
+    out = {"acquired": False, "created": False, "broken": None, "holder": None, "age_s": None,
+           "heartbeat_age_s": None}
+    token = record["token"]
+    if break_token and break_token != token:
+        found, _, _ = read(lock_dir)
+        if found is not None and found.get("token", "") == break_token and not check_mode:
+            if _take_out(lock_dir, break_token):
+                out["broken"] = found
+    if check_mode:
+        found, age, hb = read(lock_dir) if os.path.isdir(lock_dir) else (None, None, None)
+        if found is None or found.get("token") == token:
+            out.update(acquired=True, created=found is None)
+        else:
+            out.update(holder=found, age_s=age, heartbeat_age_s=hb)
+        return out
+    rec = dict(record, acquired_at=time.time() if now is None else now)
+    tmp = _write_private(lock_dir, rec)
+    try:
+        try:
+            os.link(tmp, os.path.join(lock_dir, LOCK_NAME))
+            out.update(acquired=True, created=True)
+            return out
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+    found, age, hb = read(lock_dir)
+    if found is None:  # released between link() and read(): the caller tries again
+        return out
+    if found.get("token") == token:
+        heartbeat(lock_dir, token)
+        out.update(acquired=True, age_s=age, heartbeat_age_s=0.0)
+        return out
+    out.update(holder=found, age_s=age, heartbeat_age_s=hb)
+    return out
+
+
+def heartbeat(lock_dir, token):
+    """Touch the lock when it holds token; False when it is not (any longer) this run's."""
+    path = os.path.join(lock_dir, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except (FileNotFoundError, OSError):
+        return False
+    try:
+        try:
+            record = json.loads(os.read(fd, 1 << 20).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if not isinstance(record, dict) or record.get("token") != token:
+            return False
+        if os.utime in getattr(os, "supports_fd", set()):
+            os.utime(fd)
+        else:
+            os.utime(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def release(lock_dir, token):
+    """Remove the lock when it holds token; True when removed (a lock of another run is never touched)."""
+    if not os.path.isdir(lock_dir):
+        return False
+    return _take_out(lock_dir, token)

@@ -1,0 +1,186 @@
+"""The cluster lock on a simulated 2-node cluster of this module's own: two site.yml runs at once, site.yml and
+reset.yml at once, status.yml while site.yml holds the lock, and the stale lock a killed controller leaves.
+
+Runs are started as real ansible-playbook processes (their output in files, so a full pipe never stalls them);
+a run "holds the lock" once the head's lock file names its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, VENV_BIN, SimCluster, ansible_env, sim_down, sim_up
+
+LOCK = "/var/lib/trainyard-lock/cluster.lock"
+SHORT_WAIT = ["-e", "cluster_lock_wait_s=5"]
+# The bandwidth floor is not under test here: a busy 2-core machine must not fail a site.yml run on it.
+SITE = ["site.yml", "-e", "nccl_check_min_inter_busbw_gbps=0.001", "-e", "nccl_check_min_intra_busbw_gbps=0.001"]
+
+# Distinct TRAINYARD_LAUNCH_ID values of the processes of a node: one per launched job.
+TOKENS = ("import os\nseen = set()\nfor p in os.listdir('/proc'):\n if p.isdigit():\n  try:\n"
+          "   e = open('/proc/%s/environ' % p, 'rb').read().split(b'\\0')\n  except OSError:\n   continue\n"
+          "  seen.update(x.split(b'=', 1)[1].decode() for x in e if x.startswith(b'TRAINYARD_LAUNCH_ID='))\n"
+          "print('\\n'.join(sorted(seen)))\n")
+
+
+@pytest.fixture(scope="module")
+def lk():
+    name = os.environ.get("TY_SIM_NAME", "it") + "lk"
+    if os.environ.get("TY_SIM_REUSE") == "1" and (REPO / ".sim" / name / "cluster.json").exists():
+        yield SimCluster(name)
+        return
+    c = sim_up(name, 2)
+    try:
+        yield c
+    finally:
+        sim_down(name)
+
+
+class Run:
+    """An ansible-playbook run in the background; .pid is the ansible-playbook process."""
+
+    def __init__(self, cluster, tmp_path, playbook, *args):
+        self.log = tmp_path / f"{playbook.replace('/', '_')}-{time.monotonic_ns()}.log"
+        self._out = open(self.log, "w")
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), playbook, *args]
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=ansible_env(), stdin=subprocess.DEVNULL, stdout=self._out,
+                                     stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+
+    def wait(self, timeout=900):
+        rc = self.proc.wait(timeout=timeout)
+        self._out.close()
+        return rc
+
+    @property
+    def output(self):
+        return self.log.read_text()
+
+
+def holder(cluster, node):
+    r = cluster.exec(node, ["cat", LOCK], check=False)
+    return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+
+
+def wait_for_holder(cluster, run, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = holder(cluster, cluster.head)
+        if h and h.get("pid") == run.pid:
+            return h
+        assert run.proc.poll() is None, f"the run ended before it held the lock:\n{run.output[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError("the run never took the lock")
+
+
+def lock_mtime(cluster, node):
+    r = cluster.exec(node, ["stat", "-c", "%Y", LOCK], check=False)
+    return int(r.stdout) if r.returncode == 0 else None
+
+
+def wait_until(what, cond, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def lock_error(output):
+    """The one line the task failed with."""
+    lines = [ln for ln in output.splitlines() if "Cluster lock " in ln and ln.lstrip().startswith("[ERROR]")]
+    assert lines, output[-3000:]
+    return lines[0]
+
+
+def job_tokens(cluster, node):
+    """The launch tokens of the jobs running on node (a sidecar's token is its job's plus "-<name>")."""
+    return sorted({t.split("-")[0] for t in cluster.exec(node, ["python3", "-c", TOKENS]).stdout.split()})
+
+
+def run_sync(cluster, tmp_path, playbook, *args):
+    r = Run(cluster, tmp_path, playbook, *args)
+    return r.wait(), r
+
+
+def test_two_site_runs_at_once_launch_one_job_per_node(lk, tmp_path):
+    a = Run(lk, tmp_path, *SITE, *SHORT_WAIT)
+    b = Run(lk, tmp_path, *SITE, *SHORT_WAIT)
+    rcs = {a: a.wait(), b: b.wait()}
+    winners = [r for r, rc in rcs.items() if rc == 0]
+    assert len(winners) == 1, {r.pid: (rc, r.output[-2500:]) for r, rc in rcs.items()}
+    winner, loser = winners[0], (b if winners[0] is a else a)
+    line = lock_error(loser.output)
+    assert f"ansible-playbook PID {winner.pid}" in line and "running site.yml" in line, line
+    assert "cluster_lock_wait_s" in line and "since " in line, line
+    assert "nccl_check.inter_node" not in loser.output
+    for node in lk.nodes:
+        assert len(job_tokens(lk, node)) == 1, node
+        assert holder(lk, node) is None, node
+
+
+def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
+    before = {n: job_tokens(lk, n) for n in lk.nodes}
+    site = Run(lk, tmp_path, *SITE, "-e", "cluster_lock_stale_s=8")  # a heartbeat every 2 s
+    try:
+        wait_for_holder(lk, site)
+        first = lock_mtime(lk, lk.head)
+        wait_until("the holder's heartbeat never touched the lock",
+                   lambda: site.proc.poll() is not None or (lock_mtime(lk, lk.head) or 0) > first)
+        assert site.proc.poll() is None, "site.yml ended before its heartbeat was seen"
+        rc, status = run_sync(lk, tmp_path, "playbooks/status.yml")
+        assert "Cluster lock" not in status.output and "Take the cluster lock" not in status.output
+        assert rc == 0, status.output[-3000:]
+        h = holder(lk, lk.head)
+        assert h and h["pid"] == site.pid, "status.yml ran after site.yml had finished: nothing was proven"
+
+        rc, reset = run_sync(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true", "-e", "cluster_lock_wait_s=3")
+        assert rc != 0
+        line = lock_error(reset.output)
+        assert f"ansible-playbook PID {site.pid}" in line and "running site.yml" in line, line
+        assert "Reset the job on every node" not in reset.output
+    finally:
+        assert site.wait() == 0, site.output[-3000:]
+    for node in lk.nodes:
+        after = job_tokens(lk, node)  # one job, and the one that ran before site.yml when there was one
+        assert len(after) == 1 and after == (before[node] or after), (node, before[node], after)
+        assert holder(lk, node) is None, node
+
+
+def test_killed_controller_leaves_a_stale_lock_that_break_removes(lk, tmp_path):
+    run = Run(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true")
+    wait_for_holder(lk, run)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    time.sleep(2)  # the lock's refresher notices and stops; the lock stays
+    assert holder(lk, lk.head)["pid"] == run.pid
+
+    rc, again = run_sync(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true")
+    assert rc != 0
+    line = lock_error(again.output)
+    assert f"ansible-playbook PID {run.pid}" in line and "running reset.yml" in line, line
+    assert "holder is gone" in line and f"process {run.pid} no longer runs" in line, line
+    assert "-e cluster_lock_break=true" in line, line
+    assert "waiting up to" not in again.output  # a gone holder is reported at once
+
+    rc, broke = run_sync(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true", "-e", "cluster_lock_break=true")
+    assert rc == 0, broke.output[-3000:]
+    assert re.search(rf"removed the stale cluster lock of \S+ \(ansible-playbook PID {run.pid}\)", broke.output)
+    for node in lk.nodes:
+        assert holder(lk, node) is None, node
+
+
+def test_failed_run_gives_the_lock_back(lk, tmp_path):
+    # Unconfirmed (stdin is not a terminal): the reset fails on the controller after it took the lock; the plays
+    # after a failed one never run, the exit callback and the refreshers give the lock back.
+    rc, r = run_sync(lk, tmp_path, "reset.yml")
+    assert rc != 0 and "Reset not confirmed" in r.output, r.output[-3000:]
+    assert "Take the cluster lock on the other nodes" in r.output
+    for node in lk.nodes:
+        wait_until(f"{node}: the failed run's lock was never released", lambda n=node: holder(lk, n) is None)
