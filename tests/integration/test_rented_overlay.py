@@ -99,14 +99,14 @@ def test_site_runs_the_job_on_the_overlay_then_reset(rented):
     for rank, node in enumerate(nodes):
         log = ""
         for _ in range(120):
-            log = node_sh(node, "cat /var/lib/trainyard/train/torchrun.log")
+            log = node_sh(node, "cat /var/lib/trainyard/train/job-rw/torchrun.log")
             if "first step done" in log:
                 break
             time.sleep(1)
         assert f"rendezvous done rank={rank} world=2" in log, log[-2000:]
         assert re.search(r"gloo_socket_ifname=eth1 nccl_socket_ifname=eth1", log), log[-2000:]
         assert "first step done" in log, log[-2000:]
-        env = node_sh(node, "cat /var/lib/trainyard/train/nccl.env")
+        env = node_sh(node, "cat /var/lib/trainyard/train/job-ro/nccl.env")
         assert "NCCL_SOCKET_IFNAME=eth1" in env and "GLOO_SOCKET_IFNAME=eth1" in env
         state = json.loads(node_sh(node, "cat /var/lib/trainyard/train/launch.json"))
         assert state["runtime"] == "host" and [s["name"] for s in state["sidecars"]] == ["janitor"]
