@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, parse_recap
 
 NAME = os.environ.get("TY_SIM_NAME", "pl") + "pl"
-ENV_FILE = "/var/lib/trainyard/train/nccl.env"
+ENV_FILE = "/var/lib/trainyard/train/job-ro/nccl.env"  # the job's read-only directory
 FAULT = "/etc/trainyard-standin/fault"
 
 
