@@ -112,11 +112,16 @@ AUTO_STANDIN = {
     "scheduler.params.total_num_steps": 1000,
     "fp16.enabled": False,
     "bf16.enabled": True,
-    "amp.enabled": False,
-    "amp.opt_level": "O1",
     "zero_optimization.reduce_bucket_size": 16777216,
     "zero_optimization.prefetch_bucket_size": 15099494,
     "zero_optimization.param_persistence_threshold": 40960,
+    # DeepSpeedPlugin defaults when no ACCELERATE_DEEPSPEED_* variable says otherwise (accelerate utils/dataclasses.py)
+    "zero_optimization.stage": 2,
+    "zero_optimization.offload_optimizer.device": "none",
+    "zero_optimization.offload_param.device": "none",
+    "zero_optimization.offload_optimizer.nvme_path": None,
+    "zero_optimization.offload_param.nvme_path": None,
+    "zero_optimization.gather_16bit_weights_on_model_save": False,
 }
 
 

@@ -149,6 +149,8 @@ def ds_load(text, source):
 
 
 _FABRIC_FIX = {
+    "tcp": "Set nccl_env_socket_ifname (or network_iface / cluster_data_iface) to the node's data interface, "
+           "as `ip -br link` names it",
     "ib": "Install the InfiniBand driver (MLNX_OFED or rdma-core) on the node and give the container /dev/infiniband; "
           "`ibv_devinfo` must list the HCAs. A node without InfiniBand runs nccl_env_profile: tcp",
     "roce": "Configure the RoCE NICs (rdma-core, `ibv_devinfo` shows link_layer Ethernet) and give the container "
@@ -162,18 +164,45 @@ _FABRIC_FIX = {
 }
 
 
+def socket_ifaces(spec, names):
+    """The interfaces NCCL_SOCKET_IFNAME=`spec` selects among `names`, as NCCL reads it: comma-separated
+    prefixes, "=" for an exact name, a leading "^" to exclude (docs.nvidia.com/deeplearning/nccl, env.html)."""
+    spec = str(spec or "").strip()
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    wanted = [p for p in spec.split(",") if p]
+
+    def hit(name):
+        return any(name == p if exact else name.startswith(p) for p in wanted)
+
+    return sorted(n for n in names if (not hit(n)) == exclude)
+
+
 def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plugin=None, plugin_dir="",
-                ib_hca=""):
+                ib_hca="", ifname="", net_ifaces=None):
     """The verdict of nccl_env.fabric: {status, detail, fix} from what the node and the container showed.
 
     rdma_devices: names under /sys/class/infiniband; link_layers: {device: "InfiniBand"|"Ethernet"};
     missing_nics: GPU NICs not under /sys/class/net; plugin: the registered `find` of libnccl-net*.so* in the
-    image ({} when not probed); ib_hca: nccl_env_ib_hca (the HCAs named must exist).
+    image ({} when not probed); ib_hca: nccl_env_ib_hca (the HCAs named must exist); ifname: the
+    NCCL_SOCKET_IFNAME the env file carries and net_ifaces the names under /sys/class/net (None: not probed).
     """
     fix = _FABRIC_FIX.get(profile, "")
     if profile == "tcp":
-        return {"status": "skip", "fix": "",
-                "detail": "profile tcp: sockets over the data interface (network.iface checks it); no fabric devices"}
+        if net_ifaces is None or not str(ifname or "").strip():
+            return {"status": "skip", "fix": "",
+                    "detail": "profile tcp: " + ("no NCCL_SOCKET_IFNAME to look for (NCCL picks an interface)"
+                                                 if not str(ifname or "").strip() else
+                                                 "the interfaces of the node were not listed")}
+        chosen = socket_ifaces(ifname, net_ifaces)
+        if not chosen:
+            return {"status": "fail", "fix": _FABRIC_FIX["tcp"],
+                    "detail": f"profile tcp: NCCL_SOCKET_IFNAME={ifname} selects no interface of the node "
+                              f"(it has {', '.join(sorted(net_ifaces)) or 'none'})"}
+        return {"status": "pass", "fix": "",
+                "detail": f"profile tcp: sockets over {', '.join(chosen)} (NCCL_SOCKET_IFNAME={ifname})"}
     problems, seen = [], []
     devices = sorted(rdma_devices or [])
     layers = link_layers or {}

@@ -12,14 +12,21 @@ Where the tables come from:
   ``populate_by_name``, so DeepSpeed reads both spellings; tests/unit/test_deepspeed_byo.py compares this table
   with the installed DeepSpeed's model fields.
 - TOP_ALIASES: deepspeed/runtime/precision_config.py, get_bfloat16_config: ``bf16`` or the older ``bfloat16``.
-- AUTO_FILLED["trainer"]: transformers, integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process
-  (batch sizes, gradient clipping, optimizer lr/betas/eps/weight_decay, scheduler warmup_min_lr/warmup_max_lr,
-  fp16/amp/bf16) and trainer_config_finalize (the three hidden-size based ZeRO-3 sizes, scheduler
-  total_num_steps and warmup_num_steps).
-- AUTO_FILLED["accelerate"]: accelerate, Accelerator._prepare_deepspeed and DeepSpeedPlugin
-  (utils/dataclasses.py): batch sizes, gradient accumulation and clipping, fp16/bf16 from mixed_precision, the
-  three hidden-size based sizes, and with DummyOptim/DummyScheduler only optimizer lr and weight_decay and
-  scheduler warmup_min_lr, warmup_max_lr, warmup_num_steps, total_num_steps (never betas or eps).
+- AUTO_FILLED["trainer"]: transformers 5.6.0 (the version `make venv` puts in .cache/llamafactory-site),
+  integrations/deepspeed.py: every fill_match/fill_only of HfTrainerDeepSpeedConfig.trainer_config_process (batch
+  sizes, gradient clipping, optimizer lr/betas/eps/weight_decay, scheduler warmup_min_lr/warmup_max_lr, fp16/bf16)
+  and trainer_config_finalize (the three hidden-size based ZeRO sizes, scheduler total_num_steps and
+  warmup_num_steps); the Trainer also builds Accelerate's DeepSpeedPlugin(hf_ds_config=...) (training_args.py), whose
+  __post_init__ fills the PLUGIN_AUTO keys. transformers 4.x also filled amp.enabled and amp.opt_level; 5.x does not.
+- AUTO_FILLED["accelerate"]: accelerate 1.11.0, utils/dataclasses.py DeepSpeedPlugin.__post_init__
+  (plugin_to_config_mapping: PLUGIN_AUTO) and set_mixed_precision (fp16/bf16), and accelerator.py
+  Accelerator._prepare_deepspeed's config_kwargs (batch sizes, gradient clipping, the three hidden-size based sizes,
+  and with DummyOptim/DummyScheduler only optimizer lr and weight_decay and scheduler warmup_min_lr, warmup_max_lr,
+  warmup_num_steps, total_num_steps; never betas or eps).
+- Both integrations find a key by its literal dotted path (HfDeepSpeedConfig.find_config_node): an "auto" under
+  another spelling DeepSpeed reads (prefetch_bucket_size for stage3_prefetch_bucket_size) is left as "auto" and
+  DeepSpeed refuses it, so auto_errors() names the spelling the integration fills.
+- tests/unit/test_byo.py compares these tables with the installed transformers and accelerate sources.
 """
 
 from __future__ import annotations
@@ -55,22 +62,29 @@ for _canon, _others in TOP_ALIASES.items():
     for _name in (_canon,) + _others:
         _TOP_SPELLINGS[_name] = (_canon,) + _others
 
-TRAINER_AUTO = (
-    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
-    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
-    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
-    "scheduler.params.total_num_steps", "fp16.enabled", "amp.enabled", "amp.opt_level", "bf16.enabled",
+# Filled by Accelerate's DeepSpeedPlugin.__post_init__ (plugin_to_config_mapping), which runs under both.
+PLUGIN_AUTO = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
+    "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+)
+HIDDEN_SIZE_AUTO = (
     "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
 )
-ACCELERATE_AUTO = (
+TRAINER_AUTO = tuple(dict.fromkeys((
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
+    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled",
+) + HIDDEN_SIZE_AUTO + PLUGIN_AUTO))
+ACCELERATE_AUTO = tuple(dict.fromkeys((
     "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
     "optimizer.params.lr", "optimizer.params.weight_decay",
     "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
     "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled",
-    "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
-    "zero_optimization.stage3_param_persistence_threshold",
-)
+) + HIDDEN_SIZE_AUTO + PLUGIN_AUTO))
 AUTO_FILLED = {"trainer": TRAINER_AUTO, "accelerate": ACCELERATE_AUTO, "none": ()}
 FILLER_NAMES = {"trainer": "the Hugging Face Trainer (transformers)", "accelerate": "Accelerate's DeepSpeedPlugin",
                 "none": "nothing (deepspeed_config_auto_filler: none)"}
@@ -267,18 +281,24 @@ def auto_paths(config, prefix=""):
 
 
 def auto_errors(config, filler, source="the config"):
-    """One message per "auto" the chosen integration does not fill, naming which integration would."""
-    filled = {canonical_path(p) for p in AUTO_FILLED.get(filler, ())}
+    """One message per "auto" the chosen integration does not fill, naming which integration would (or the spelling
+    it fills: both look a key up by its literal path, so another spelling of the same DeepSpeed field stays "auto")."""
+    filled = set(AUTO_FILLED.get(filler, ()))
     errors = []
     for path in auto_paths(config):
-        if canonical_path(path) in filled:
+        if path in filled:
             continue
-        would = [name for name, keys in AUTO_FILLED.items()
-                 if canonical_path(path) in {canonical_path(k) for k in keys}]
+        same = [k for k in filled if canonical_path(k) == canonical_path(path)]
+        if same:
+            errors.append(f"{source} key {path}: \"auto\" is filled by {FILLER_NAMES[filler]} only under the "
+                          f"spelling {same[0]} (it looks the key up by that name); rename the key to "
+                          f"{same[0].split('.')[-1]} or give a value")
+            continue
+        would = [name for name, keys in AUTO_FILLED.items() if path in keys]
         if would:
-            errors.append(f"{source} key {path}: \"auto\" is filled by {' and '.join(FILLER_NAMES[w] for w in would)}, "
-                          f"not by {FILLER_NAMES[filler]}; set deepspeed_config_auto_filler: {would[0]} if the job "
-                          f"runs under it, or give a value")
+            fillers = " and ".join(FILLER_NAMES[w] for w in would)
+            errors.append(f"{source} key {path}: \"auto\" is filled by {fillers}, not by {FILLER_NAMES[filler]}; "
+                          f"set deepspeed_config_auto_filler: {would[0]} if the job runs under it, or give a value")
         else:
             top = path.split(".")[0]
             near = nccl_vars.nearest(top, {k.split(".")[0] for k in TRAINER_AUTO} - {top})

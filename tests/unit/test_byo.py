@@ -164,10 +164,10 @@ def test_auto_is_checked_against_the_integration_that_fills_it():
     assert errors and all("deepspeed_config_auto_filler" in e for e in errors)
 
 
-def test_short_spelling_of_an_auto_key_counts():
-    cfg = {"zero_optimization": {"stage": 3, "prefetch_bucket_size": "auto"}}
+def test_stage3_spelling_of_an_auto_key_is_filled():
+    cfg = {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}}
     filled, errors = dv.fill_auto(cfg, "trainer")
-    assert errors == [] and filled["zero_optimization"]["prefetch_bucket_size"] > 0
+    assert errors == [] and filled["zero_optimization"]["stage3_prefetch_bucket_size"] > 0
 
 
 def test_unreadable_base_file_is_named():
@@ -267,7 +267,7 @@ def test_ib_disable_is_refused_under_ib_and_roce_but_not_tcp():
 # ------------------------------------------------------------------------------------------ fabric checks
 
 @pytest.mark.parametrize("args,status,text", [
-    (("tcp",), "skip", "sockets"),
+    (("tcp",), "skip", "no NCCL_SOCKET_IFNAME"),
     (("ib", ["mlx5_0", "mlx5_1"], {"mlx5_0": "InfiniBand", "mlx5_1": "InfiniBand"}), "pass", "mlx5_0, mlx5_1"),
     (("ib", [], {}), "fail", "no InfiniBand RDMA device"),
     (("ib", ["mlx5_0"], {"mlx5_0": "InfiniBand"}, [], None, "", "mlx5_3:1"), "fail", "names mlx5_3"),
