@@ -232,14 +232,14 @@ def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plu
         found = [ln for ln in (plugin.get("stdout") or "").splitlines() if ln.strip()]
         if not plugin:
             return {"status": "skip", "fix": fix,
-                    "detail": "; ".join(problems + seen + ["the plugin probe did not run"])}
+                    "detail": f"profile {profile}: " + "; ".join(problems + seen + ["the plugin probe did not run"])}
         if plugin.get("rc") not in (0, None) and not found:
             err = (plugin.get("stderr") or plugin.get("msg") or "").strip().splitlines()[-1:] or [""]
             if "No such container" in err[0] or "is not running" in err[0]:
                 return {"status": "fail" if problems else "skip", "fix": fix,
-                        "detail": "; ".join(problems + seen + [f"the training container is not running, so "
-                                                               f"{plugin_dir}/libnccl-net*.so could not be looked "
-                                                               f"for ({err[0]})"])}
+                        "detail": f"profile {profile}: " + "; ".join(problems + seen + [
+                            f"the training container is not running, so {plugin_dir}/libnccl-net*.so could not be "
+                            f"looked for ({err[0]})"])}
         if not found:
             problems.append(f"no libnccl-net*.so in {plugin_dir} of the training image")
         else:
