@@ -24,8 +24,9 @@ Where the tables come from:
   and with DummyOptim/DummyScheduler only optimizer lr and weight_decay and scheduler warmup_min_lr, warmup_max_lr,
   warmup_num_steps, total_num_steps; never betas or eps).
 - Both integrations find a key by its literal dotted path (HfDeepSpeedConfig.find_config_node): an "auto" under
-  another spelling DeepSpeed reads (prefetch_bucket_size for stage3_prefetch_bucket_size) is left as "auto" and
-  DeepSpeed refuses it, so auto_errors() names the spelling the integration fills.
+  another spelling DeepSpeed reads (prefetch_bucket_size for stage3_prefetch_bucket_size) is left as "auto", and
+  DeepSpeed's config models drop an "auto" value (deepspeed/runtime/config_utils.py, DeepSpeedConfigModel.__init__)
+  and silently use their default; auto_errors() refuses it, naming the spelling the integration fills.
 - tests/unit/test_byo.py compares these tables with the installed transformers and accelerate sources.
 """
 
@@ -291,8 +292,8 @@ def auto_errors(config, filler, source="the config"):
         same = [k for k in filled if canonical_path(k) == canonical_path(path)]
         if same:
             errors.append(f"{source} key {path}: \"auto\" is filled by {FILLER_NAMES[filler]} only under the "
-                          f"spelling {same[0]} (it looks the key up by that name); rename the key to "
-                          f"{same[0].split('.')[-1]} or give a value")
+                          f"spelling {same[0]} (it looks the key up by that name; DeepSpeed would drop this "
+                          f"\"auto\" and use its default); rename the key to {same[0].split('.')[-1]} or give a value")
             continue
         would = [name for name, keys in AUTO_FILLED.items() if path in keys]
         if would:
