@@ -1,4 +1,5 @@
-"""The README's variables table is generated from the roles' argument specs and kept in sync."""
+"""The docs a newcomer reads: the README (two commands, links that resolve), docs/variables.md generated from the
+roles' argument specs, and the argument specs themselves."""
 
 import subprocess
 import sys
@@ -6,9 +7,20 @@ import sys
 from conftest import REPO, load
 
 
-def test_readme_variables_table_is_current():
+def test_variables_reference_is_current():
     r = subprocess.run([sys.executable, str(REPO / "docs/gen_variables.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_readme_starts_with_the_two_commands_and_its_links_resolve():
+    import re
+    text = (REPO / "README.md").read_text()
+    first_block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    assert [line.split("#")[0].strip() for line in first_block.splitlines()] == ["make demo", "make test"]
+    assert text.index("make demo") < text.index("## ")  # before any section
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert (REPO / target).exists(), f"README links to {target}, which does not exist"
 
 
 def test_table_lists_every_option_of_every_role():
