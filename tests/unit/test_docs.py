@@ -1,4 +1,5 @@
-"""The README's variables table is generated from the roles' argument specs and kept in sync."""
+"""The docs a newcomer reads: the README (two commands, links that resolve), docs/variables.md generated from the
+roles' argument specs, and the argument specs themselves."""
 
 import subprocess
 import sys
@@ -6,9 +7,20 @@ import sys
 from conftest import REPO, load
 
 
-def test_readme_variables_table_is_current():
+def test_variables_reference_is_current():
     r = subprocess.run([sys.executable, str(REPO / "docs/gen_variables.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_readme_starts_with_the_two_commands_and_its_links_resolve():
+    import re
+    text = (REPO / "README.md").read_text()
+    first_block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    assert [line.split("#")[0].strip() for line in first_block.splitlines()] == ["make demo", "make test"]
+    assert text.index("make demo") < text.index("## ")  # before any section
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert (REPO / target).exists(), f"README links to {target}, which does not exist"
 
 
 def test_table_lists_every_option_of_every_role():
@@ -19,3 +31,184 @@ def test_table_lists_every_option_of_every_role():
         opts = (yaml.safe_load(spec_file.read_text())["argument_specs"]["main"].get("options") or {})
         for name in opts:
             assert f"`{name}`" in text, f"{name} from {spec_file} missing"
+
+
+def test_every_option_is_written_once_per_role():
+    """Entry points other than main reuse main's option specs through YAML aliases, so nothing is typed twice."""
+    import re
+
+    import yaml
+    for spec_file in REPO.glob("roles/*/meta/argument_specs.yml"):
+        text = spec_file.read_text()
+        entry_points = yaml.safe_load(text)["argument_specs"]
+        main = entry_points["main"]["options"]
+        for ep, body in entry_points.items():
+            for opt, spec in ((body or {}).get("options") or {}).items():
+                assert spec == main.get(opt), f"{spec_file}: {ep}.{opt} differs from main's"
+        written = re.findall(r"^      ([a-z0-9_]+):(?: &[a-z0-9_]+)?$", text, re.M)
+        assert len(written) == len(set(written)), f"{spec_file}: an option is written more than once"
+
+
+def test_validation_reads_the_specs_as_ansible_does():
+    """The validate play (libyaml) and Ansible's own entry-point check (AnsibleLoader) see the same anchored specs."""
+    import yaml
+    from ansible.parsing.yaml.loader import AnsibleLoader
+    from cluster_model import load_role_specs
+
+    specs = load_role_specs(REPO / "roles")
+    for spec_file in REPO.glob("roles/*/meta/argument_specs.yml"):
+        text = spec_file.read_text()
+        assert AnsibleLoader(text).get_single_data() == yaml.safe_load(text), spec_file
+        role = spec_file.parent.parent.name
+        entry_points = yaml.safe_load(text)["argument_specs"]
+        merged = {}
+        for ep in sorted(entry_points, key=lambda n: n == "main"):  # main's spec of an option wins
+            merged.update((entry_points[ep] or {}).get("options") or {})
+        assert specs[role]["options"] == merged, role
+
+
+# ------------------------------------------------------------------------------ check ids and the role READMEs
+CHECK_ID = r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*){1,2}"
+
+
+def _yaml_check_ids() -> dict:
+    """Check ids recorded by preflight_check tasks ({check: id} or records: [{check: id}, ...]), in any YAML file
+    of the roles and playbooks: a task moved to another file is still found."""
+    import re
+
+    import yaml
+    found: dict = {}
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, val in node.items():
+                if key in ("preflight_check", "trainyard.preflight_check") and isinstance(val, dict):
+                    recs = val.get("records") if isinstance(val.get("records"), list) else []
+                    for rec in [val, *recs]:
+                        check = rec.get("check") if isinstance(rec, dict) else None
+                        if isinstance(check, str) and re.fullmatch(CHECK_ID, check):
+                            found.setdefault(check, set()).add(path)
+                walk(val, path)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    for f in sorted([*REPO.glob("roles/**/*.yml"), *REPO.glob("playbooks/**/*.yml"), *REPO.glob("*.yml")]):
+        walk(list(yaml.safe_load_all(f.read_text())), str(f.relative_to(REPO)))
+    return found
+
+
+def _python_check_ids() -> dict:
+    """Check ids the Python code builds into records: {"check": "<id>"} literals, constants named *_CHECK, and calls of
+    record builders (a function putting its first parameter, or an f-string prefix + it, under "check") with a
+    literal first argument or a loop variable over a list literal."""
+    import ast
+    import re
+
+    found: dict = {}
+    for f in sorted(p for d in ("library", "module_utils", "action_plugins", "filter_plugins", "callback_plugins",
+                                "inventory_plugins", "roles") for p in (REPO / d).rglob("*.py")):
+        tree, path = ast.parse(f.read_text()), str(f.relative_to(REPO))
+
+        def add(value):
+            if isinstance(value, str) and re.fullmatch(CHECK_ID, value):
+                found.setdefault(value, set()).add(path)
+
+        builders, lists, loops = {}, {}, {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.args.args:
+                first = node.args.args[0].arg
+                for d in (n for n in ast.walk(node) if isinstance(n, ast.Dict)):
+                    for k, v in zip(d.keys, d.values):
+                        if isinstance(k, ast.Constant) and k.value == "check":
+                            if isinstance(v, ast.Name) and v.id == first:
+                                builders[node.name] = ""
+                            elif (isinstance(v, ast.JoinedStr) and len(v.values) == 2
+                                  and isinstance(v.values[0], ast.Constant)
+                                  and isinstance(v.values[1], ast.FormattedValue)
+                                  and getattr(v.values[1].value, "id", None) == first):
+                                builders[node.name] = v.values[0].value
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if isinstance(node.value, (ast.List, ast.Tuple)):
+                    for name in names:
+                        lists.setdefault(name, []).extend(e.value for e in node.value.elts
+                                                          if isinstance(e, ast.Constant))
+                elif isinstance(node.value, ast.Constant) and any(n.endswith("CHECK") for n in names):
+                    add(node.value.value)
+            elif isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values):
+                    if isinstance(k, ast.Constant) and k.value == "check" and isinstance(v, ast.Constant):
+                        add(v.value)
+        for node in ast.walk(tree):
+            gens = getattr(node, "generators", None) or ([node] if isinstance(node, ast.For) else [])
+            for g in gens:
+                if isinstance(g.target, ast.Name) and isinstance(g.iter, ast.Name) and g.iter.id in lists:
+                    loops.setdefault(g.target.id, []).extend(lists[g.iter.id])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and node.args:
+                prefix = builders.get(getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+                if prefix is None:
+                    continue
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant):
+                    add(prefix + str(arg.value))
+                elif isinstance(arg, ast.Name) and prefix:
+                    for value in loops.get(arg.id, []):
+                        add(prefix + str(value))
+    return found
+
+
+def recorded_check_ids() -> dict:
+    """{check id: {files that record it}} over the whole product."""
+    ids: dict = {}
+    for part in (_yaml_check_ids(), _python_check_ids()):
+        for check, files in part.items():
+            ids.setdefault(check, set()).update(files)
+    return ids
+
+
+def role_readme_checks() -> dict:
+    """{check id: [(role README, file it names)]} from the rows of every role README's "## Checks" table."""
+    import re
+
+    rows: dict = {}
+    for readme in sorted(REPO.glob("roles/*/README.md")):
+        text = readme.read_text()
+        section = text.split("\n## Checks", 1)[1].split("\n## ", 1)[0] if "\n## Checks" in text else ""
+        for m in re.finditer(rf"^\| `({CHECK_ID})` \|.*\| `([^`|]+)` \|$", section, re.M):
+            rows.setdefault(m.group(1), []).append((str(readme.relative_to(REPO)), m.group(2)))
+    return rows
+
+
+def test_the_collector_finds_checks_of_every_kind():
+    ids = recorded_check_ids()
+    assert "network.mtu" in ids  # a task's literal id
+    assert any(f.endswith(".py") for f in ids["nvidia_driver.xid"])  # a module's records
+    assert "container.health.shm" in ids  # an f-string builder over a list of names
+    assert "host.reachable" in ids  # a *_CHECK constant
+    assert len(ids) > 50
+
+
+def test_every_check_id_is_in_one_role_readme_naming_the_file_that_has_it():
+    """A reader who sees a check id in the report finds, in one hop, the role README and the file where it lives."""
+    ids, rows = recorded_check_ids(), role_readme_checks()
+    problems = []
+    for check in sorted(ids):
+        where = rows.get(check, [])
+        if len(where) != 1:
+            problems.append(f"{check} (recorded in {sorted(ids[check])}) is listed in {len(where)} role READMEs: "
+                            f"{[r for r, _ in where]}")
+            continue
+        readme, named = where[0]
+        target = REPO / named
+        text = target.read_text() if target.is_file() else ""
+        head, _, last = check.rpartition(".")
+        # The id literally, or (a family of records built by an f-string) its prefix and its last part.
+        if check not in text and not (f'"{head}.{{' in text and f'"{last}"' in text):
+            problems.append(f"{readme} names {named} for {check}, which does not contain it "
+                            f"(recorded in {sorted(ids[check])})")
+    for check, where in rows.items():
+        if check not in ids:
+            problems.append(f"{where[0][0]} lists {check}, which nothing records")
+    assert not problems, "\n".join(problems)
