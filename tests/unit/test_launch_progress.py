@@ -43,4 +43,4 @@ def test_stalled_and_stack_groups():
     s = lp.launch_progress_summary(hostvars(), ["n1", "n2", "n3"], 0.5, 1.3)
     assert s["stalled"] == ["n1", "n2", "n3"]
     lines = lp.launch_stack_lines(hostvars(), ["n1", "n2", "n3"])
-    assert lines == ["ranks 1 (n2, py-spy) sit in main (train.py:9)", "n3 rank 2: no stack: SIGUSR1 not caught"]
+    assert lines == ["rank 1 (n2) sits in main (train.py:9)", "n3 rank 2: no stack: SIGUSR1 not caught"]

@@ -77,15 +77,7 @@ def launch_progress_lines(summary, states=None):
 
 def launch_stack_lines(hostvars, hosts):
     """Which ranks sit in which call, from every node's stack dumps (registered as __launch_stacks)."""
-    per_rank, notes = {}, []
-    for h in hosts:
-        for s in _res(hostvars, h, "__launch_stacks").get("stacks") or []:
-            if s.get("skipped"):
-                notes.append("%s rank %s: no stack: %s" % (h, s.get("rank"), s["skipped"]))
-            else:
-                per_rank["%s (%s, %s)" % (s.get("rank"), h, s.get("method"))] = s.get("call")
-    lines = ["ranks %s sit in %s" % (", ".join(g["ranks"]), g["call"]) for g in job_collect.group_calls(per_rank)]
-    return lines + notes
+    return job_collect.stack_lines({h: _res(hostvars, h, "__launch_stacks").get("stacks") or [] for h in hosts})
 
 
 class FilterModule:
