@@ -486,6 +486,11 @@ def rank_processes(stats, environ_of):
     return sorted(out, key=lambda c: (c["rank"], c["pid"]))
 
 
+NO_STACK_FIX = ("put py-spy on the controller (pip install -r requirements.txt: py-spy==0.4.2; or name a copy in "
+                "launch_status_pyspy), run status.yml as root on the node; py-spy inside the training container needs "
+                "--cap-add SYS_PTRACE")
+
+
 def stack_lines(stacks_by_host):
     """{host: [job_progress stack results]} -> the lines status.yml prints: which ranks sit in which call (largest
     group first), ranks in a telling process state with the fix, and ranks without a stack with the reason."""
@@ -494,7 +499,8 @@ def stack_lines(stacks_by_host):
         for s in stacks or []:
             rank = s.get("rank")
             if s.get("skipped"):
-                notes.append("%s rank %s: no stack: %s" % (host, "?" if rank is None else rank, s["skipped"]))
+                notes.append("%s rank %s: no stack: %s. fix: %s" % (
+                    host, "?" if rank is None else rank, s["skipped"], NO_STACK_FIX))
                 continue
             per_rank[(rank if isinstance(rank, int) else -1, host)] = s.get("call")
             st = PROC_STATES.get(s.get("state") or "")

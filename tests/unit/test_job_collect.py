@@ -107,7 +107,7 @@ def test_stack_lines_group_ranks_and_name_a_stopped_rank_with_the_fix():
     assert lines[1] == "rank 2 (n2) sits in batch (ddp_train.py:72) called from main (ddp_train.py:175)"
     assert lines[2].startswith("fix: the ranks outside the largest group")
     assert lines[3].startswith("rank 2 on n2 (pid 7) is stopped (SIGSTOP") and "SIGCONT" in lines[3]
-    assert lines[4] == "n2 rank 3: no stack: py-spy: Permission denied"
+    assert lines[4].startswith("n2 rank 3: no stack: py-spy: Permission denied. fix: put py-spy on the controller")
     assert jc.stack_lines({"n1": [{"rank": 0, "state": "S", "call": spy}]}) == ["rank 0 (n1) sits in " + spy]
 
 

@@ -80,7 +80,15 @@ def launch_stack_lines(hostvars, hosts):
     return job_collect.stack_lines({h: _res(hostvars, h, "__launch_stacks").get("stacks") or [] for h in hosts})
 
 
+def launch_watch_more(status):
+    """-e status_watch: refresh again while the job runs on some node and has neither failed nor lost a node (a node
+    that finished a moment before the others leaves the job 'partial', not ended)."""
+    status = status if isinstance(status, dict) else {}
+    return status.get("state") in ("running", "partial") and any(
+        n.get("state") == "running" for n in status.get("nodes") or [])
+
+
 class FilterModule:
     def filters(self):
         return {"launch_progress_summary": launch_progress_summary, "launch_progress_lines": launch_progress_lines,
-                "launch_stack_lines": launch_stack_lines}
+                "launch_stack_lines": launch_stack_lines, "launch_watch_more": launch_watch_more}
