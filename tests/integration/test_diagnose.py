@@ -1,10 +1,10 @@
 """playbooks/status.yml diagnosing a live job on the simulated cluster: a real DDP job over gloo
 (examples/ddp_train.py, CPU-bound work per step, per-rank progress files).
 
-* Straggler: one node's training container gets a CPU quota (`docker update --cpu-quota` in the node's own engine:
-  that is the cgroup its ranks run in; a quota on the outer node container does not reach them, because the node's
-  dockerd puts the training container in a cgroup of its own beside the node's, not beneath it). status.yml names
-  exactly that node, from the ranks' own compute times.
+* Straggler: one node's training container gets CPU limits (`docker update --cpu-quota --cpu-shares` in the node's
+  own engine: that is the cgroup its ranks run in; a quota on the outer node container does not reach them, because
+  the node's dockerd puts the training container in a cgroup of its own beside the node's, not beneath it).
+  status.yml names exactly that node, from the ranks' own compute times.
 * Hang: one rank is frozen (SIGSTOP) and the others wait for it at the next collective (the collective timeout is
   long, so the job stays hung). With no progress for status_stall_s, status.yml dumps every rank's Python stack with
   py-spy (placed on the node from the controller), names the stopped rank with the fix, and collect.yml gathers the
@@ -57,14 +57,18 @@ def test_a_node_with_a_cpu_quota_is_named_the_straggler(job):
     slow = job.nodes[-1]
     r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
     assert r.returncode == 0 and stragglers(r.stdout) == [], r.stdout[-3000:]
-    # 5 ms of CPU per 100 ms for the training container: the ranks there compute several times slower
-    job.exec(slow, ["docker", "update", "--cpu-period", "100000", "--cpu-quota", "5000", CONTAINER])
+    # CPU limits on the training container, in the node's own engine: a quota of 2 ms per 100 ms slows the ranks
+    # there when the machine is idle, a quarter of the CPU shares when it is busy (a quota alone does not bind when
+    # every process gets less than it anyway)
+    job.exec(slow, ["docker", "update", "--cpu-period", "100000", "--cpu-quota", "2000", "--cpu-shares", "256",
+                    CONTAINER])
     try:
-        quota = job.exec(slow, ["docker", "inspect", "-f", "{{.HostConfig.CpuQuota}}", CONTAINER]).stdout.strip()
-        assert quota == "5000"
-        # the progress files average the last 20 steps: wait until they all ran under the quota
+        limits = job.exec(slow, ["docker", "inspect", "-f", "{{.HostConfig.CpuQuota}} {{.HostConfig.CpuShares}}",
+                                 CONTAINER]).stdout.split()
+        assert limits == ["2000", "256"]
+        # the progress files average the last 20 steps: wait until they all ran under the limits
         s0 = steps(job, slow)
-        assert wait_until(lambda: steps(job, slow) >= s0 + 25, 900, step=5), "the slowed node made no progress"
+        assert wait_until(lambda: steps(job, slow) >= s0 + 22, 1500, step=5), "the slowed node made no progress"
         r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
         out = r.stdout
         assert r.returncode == 0, out[-3000:]
@@ -74,7 +78,7 @@ def test_a_node_with_a_cpu_quota_is_named_the_straggler(job):
         assert m and float(m.group(1)) > float(m.group(2)), out[-3000:]
         assert "CPU quota on the training container" in out
     finally:
-        job.exec(slow, ["docker", "update", "--cpu-quota", "-1", CONTAINER], check=False)
+        job.exec(slow, ["docker", "update", "--cpu-quota", "-1", "--cpu-shares", "1024", CONTAINER], check=False)
 
 
 def test_a_hung_job_gets_every_ranks_stack_and_the_stopped_rank_is_named(job):
