@@ -10,16 +10,20 @@ description:
   - Reads the ranks' progress files (C(<state_root>/<job>/job-rw/progress/rank_<N>.json), written by the entry point)
     through directory fds without following links (none in between either), and C(nvidia-smi -q -x) for
     utilisation, memory, temperature and clock slowdown reasons.
-  - With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job: with
-    C(py-spy dump) where py-spy runs (on the node or in the training container, which needs CAP_SYS_PTRACE), else
-    with SIGUSR1 to ranks that registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a
-    sitecustomize on the job's PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). A rank is
-    one of this job's only when its environment holds the job's launch token.
+  - With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job. The ranks
+    are found in /proc, never from a file the job writes: the processes that carry this launch's token
+    (C(TRAINYARD_LAUNCH_ID), from the host-only launch.json) with torchrun's C(RANK) and C(LOCAL_RANK) in their
+    environment. Each is dumped with C(py-spy dump) (I(py_spy), else py-spy on the node's PATH, else in the training
+    container, which needs CAP_SYS_PTRACE; C(--nonblocking) for a stopped rank), else with SIGUSR1 to a rank that
+    registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a sitecustomize on the job's
+    PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). Each stack is kept in the host-only
+    C(<state_root>/<job>/stacks/rank_<N>.txt) (not in check mode), where collect.yml picks it up.
 options:
   job: {description: The job name., type: str, required: true}
   state_root: {description: The node-local state root., type: str, default: /var/lib/trainyard}
   container: {description: The training container (py-spy inside it); empty when the job runs on the node., type: str, default: ""}
   stacks: {description: Take every rank's Python stack., type: bool, default: false}
+  py_spy: {description: A py-spy binary on the node to use first; empty looks for py-spy on the PATH., type: str, default: ""}
   nvidia_smi: {description: nvidia-smi; empty skips the GPU state., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take., type: int, default: 30}
 attributes:
@@ -40,7 +44,8 @@ RETURN = r"""
 progress: {description: The ranks' progress records., returned: always, type: list}
 gpus: {description: "Per GPU: index, util_pct, mem_used_mib, mem_total_mib, temp_c, throttle.", returned: always, type: list}
 gpu_skipped: {description: Why there is no GPU state (empty when there is)., returned: always, type: str}
-stacks: {description: "Per rank: rank, pid, method (py-spy or faulthandler), call, text; or skipped with the reason.", returned: with stacks, type: list}
+stacks: {description: "Per rank: rank, local_rank, pid, state (of /proc/PID/stat), method (py-spy or faulthandler), call,
+  text, kept (the file on the node); or skipped with the reason.", returned: with stacks, type: list}
 """
 
 import json
@@ -50,7 +55,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_health import parse_health_xml
-from ansible.module_utils.job_collect import JobTree, main_call, parse_stacks, read_progress
+from ansible.module_utils.job_collect import JobTree, main_call, parse_stacks, rank_processes, read_progress
 from ansible.module_utils import torchrun as tr
 from ansible.module_utils import procgroup as pg
 
@@ -77,6 +82,7 @@ def main():
             state_root=dict(type="str", default="/var/lib/trainyard"),
             container=dict(type="str", default=""),
             stacks=dict(type="bool", default=False),
+            py_spy=dict(type="str", default=""),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             timeout=dict(type="int", default=30),
         ),
@@ -123,11 +129,45 @@ def progress_and_stacks(m, p, tree):
                 out["gpu_skipped"] = str(ex)
 
     if p["stacks"]:
-        out["stacks"] = stacks(m, run, tree, p["container"], out["progress"])
+        out["stacks"] = stacks(m, run, tree, p["container"], p["py_spy"])
     return out
 
 
-def stacks(m, run, tree, container, progress):
+def find_ranks(token):
+    """This job's ranks on the node from /proc: processes carrying the launch token (procgroup), workers only."""
+    procs = pg.job_processes(None, None, token)
+    return rank_processes(procs, pg.read_environ)
+
+
+def keep_stack(m, tree, rank, text):
+    """Keep a rank's stack in the host-only state directory (<job>/stacks/rank_<N>.txt) for collect.yml; never in
+    check mode. Written through the directory's fd, no link followed (the job cannot write there)."""
+    if m.check_mode or tree.fd.get("dir") is None:
+        return None
+    dfd = tree.fd["dir"]
+    try:
+        os.mkdir("stacks", 0o700, dir_fd=dfd)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    sfd, _why = tree.subdir("dir", "stacks")
+    if sfd is None:
+        return None
+    name = "rank_%d.txt" % rank
+    try:
+        fd = os.open(name + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=sfd)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(name + ".tmp", name, src_dir_fd=sfd, dst_dir_fd=sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(sfd)
+    return os.path.join(tree.paths["dir"], "stacks", name)
+
+
+def stacks(m, run, tree, container, py_spy):
     """Every rank's Python stack (see DOCUMENTATION)."""
     st = tree.read("dir", tr.STATE_FILE, 1 << 20)
     try:
@@ -138,51 +178,61 @@ def stacks(m, run, tree, container, progress):
     token = state.get("token")
     if not token:
         return [{"rank": None, "skipped": "no launch state (launch.json) on this node: no job to dump"}]
-    pyspy = m.get_bin_path("py-spy", opt_dirs=SEARCH_DIRS)
+    ranks = find_ranks(token)
+    if not ranks:
+        return [{"rank": None, "skipped": "no rank of this job runs on the node (no process with its launch token "
+                 "and a RANK): the ranks exited"}]
+    pyspy = None
+    if py_spy and os.path.isfile(py_spy) and os.access(py_spy, os.X_OK):
+        pyspy = py_spy
+    pyspy = pyspy or m.get_bin_path("py-spy", opt_dirs=SEARCH_DIRS)
     docker = m.get_bin_path("docker", opt_dirs=SEARCH_DIRS) if container else None
     log = tree.log_name(state.get("log"))  # in job-rw: the job writes it, so it is read through the tree
     res = []
-    for rec in sorted(progress, key=lambda r: r.get("rank", 0)):
-        rank, pid = rec.get("rank"), rec.get("pid")
-        if not isinstance(pid, int) or pid <= 1:
-            res.append({"rank": rank, "skipped": "its progress file names no process"})
-            continue
-        env = pg.read_environ(pid) or {}
-        if env.get("TRAINYARD_LAUNCH_ID") != token:
-            res.append({"rank": rank, "pid": pid, "skipped": "process %d is not a rank of this job (no launch token): "
-                        "the rank has exited" % pid})
-            continue
+    for rk in ranks:
+        rank, pid = rk["rank"], rk["pid"]
         text, method, why = "", None, []
-        for argv in ([pyspy, "dump", "--pid", str(pid)] if pyspy else None,
-                     [docker, "exec", container, "py-spy", "dump", "--pid", str(pid)] if docker else None):
-            if not argv:
-                continue
+        # A stopped rank cannot be suspended by py-spy (it is already): read it without suspending.
+        nonblock = ["--nonblocking"] if rk["state"] in ("T", "t") else []
+        tries = []
+        if pyspy:
+            tries.append([pyspy, "dump"] + nonblock + ["--pid", str(pid)])
+            if not nonblock:
+                tries.append([pyspy, "dump", "--nonblocking", "--pid", str(pid)])
+        elif docker:
+            tries.append([docker, "exec", container, "py-spy", "dump"] + nonblock + ["--pid", str(pid)])
+        else:
+            why.append("py-spy: not on the node (status.yml places it when launch_status_pyspy names it on the "
+                       "controller)")
+        for argv in tries:
+            if pg.start_ticks(pid) != rk["start_ticks"]:
+                break  # the rank exited meanwhile: the PID is not its any more
             rc, o, e = run(argv)
-            if rc == 0 and o.strip():
+            if rc == 0 and "Thread " in o:
                 text, method = o, "py-spy"
                 break
             why.append("py-spy: %s" % ((e or o).strip().splitlines() or ["exit %s" % rc])[-1][:200])
         if not method and sigusr1_caught(pid):
             start = tree.read("rw", log, 0)["size"]
-            os.kill(pid, signal.SIGUSR1)
-            for _ in range(20):
-                time.sleep(0.25)
-                r = tree.read("rw", log, 4 << 20)
-                tail = (r["data"] or b"").decode("utf-8", "replace")[max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
-                if "most recent call first" in tail:
-                    text, method = tail, "faulthandler (SIGUSR1)"
-                    time.sleep(0.5)
+            if pg.signal_process(pid, rk["start_ticks"], signal.SIGUSR1):
+                for _ in range(20):
+                    time.sleep(0.25)
                     r = tree.read("rw", log, 4 << 20)
-                    text = (r["data"] or b"").decode("utf-8", "replace")[
-                        max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
-                    break
+                    tail = (r["data"] or b"").decode("utf-8", "replace")[max(0, start - max(0, r["size"] - len(r["data"] or b""))):]
+                    if "most recent call first" in tail:
+                        time.sleep(0.5)
+                        r = tree.read("rw", log, 4 << 20)
+                        text, method = (r["data"] or b"").decode("utf-8", "replace")[
+                            max(0, start - max(0, r["size"] - len(r["data"] or b""))):], "faulthandler (SIGUSR1)"
+                        break
         elif not method:
             why.append("SIGUSR1 not caught by the rank (no faulthandler.register(SIGUSR1)): not sent")
         if not method:
-            res.append({"rank": rank, "pid": pid, "skipped": "; ".join(why) or "no stack tool"})
+            res.append({"rank": rank, "pid": pid, "state": rk["state"], "skipped": "; ".join(why) or "no stack tool"})
             continue
         threads = parse_stacks(text)
-        res.append({"rank": rank, "pid": pid, "method": method, "call": main_call(threads), "text": text[-20000:]})
+        res.append({"rank": rank, "local_rank": rk["local_rank"], "pid": pid, "state": rk["state"], "method": method,
+                    "call": main_call(threads), "text": text[-20000:], "kept": keep_stack(m, tree, rank, text)})
     return res
 
 

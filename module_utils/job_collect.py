@@ -450,3 +450,70 @@ def group_calls(per_rank):
     for rank, call in sorted(per_rank.items()):
         groups.setdefault(call or "(no stack)", []).append(rank)
     return [{"call": c, "ranks": r} for c, r in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))]
+
+
+# ----------------------------------------------------------------------------------------- the ranks on a node
+
+# What a process state letter of /proc/PID/stat means for a hung rank, and what to do about it.
+PROC_STATES = {
+    "T": ("stopped (SIGSTOP, SIGTSTP or a debugger)",
+          "send it SIGCONT or detach the debugger; find who stopped it (a shell's Ctrl-Z, gdb, a cgroup freezer)"),
+    "t": ("stopped by a tracer (a debugger is attached)", "detach the debugger (gdb, strace, py-spy record)"),
+    "D": ("in uninterruptible I/O (D: waiting on storage or a driver)",
+          "look at the node's storage (a hung NFS or Lustre mount) and its kernel log (Xid, hung-task messages)"),
+    "Z": ("a zombie (exited, not reaped)", "the rank died: read its traceback in the log"),
+}
+
+
+def rank_processes(stats, environ_of):
+    """The ranks of one job on a node: of `stats` (ProcStat-like objects of the processes that carry the job's
+    launch token, module_utils/procgroup.py), those torchrun started as workers (RANK and LOCAL_RANK in their
+    environment), topmost only (a DataLoader worker inherits its rank's environment). `environ_of(pid)` -> dict.
+    Returns [{rank, local_rank, pid, start_ticks, state}] sorted by rank. The PIDs come from /proc, never from a
+    file the job writes."""
+    cand = {}
+    for st in stats:
+        env = environ_of(st.pid) or {}
+        try:
+            rank, local = int(env["RANK"]), int(env["LOCAL_RANK"])
+        except (KeyError, ValueError):
+            continue
+        cand[st.pid] = {"rank": rank, "local_rank": local, "pid": st.pid, "start_ticks": st.start_ticks,
+                        "state": st.state, "ppid": st.ppid}
+    out = [c for c in cand.values() if not (c["ppid"] in cand and cand[c["ppid"]]["rank"] == c["rank"])]
+    for c in out:
+        del c["ppid"]
+    return sorted(out, key=lambda c: (c["rank"], c["pid"]))
+
+
+NO_STACK_FIX = ("put py-spy on the controller (pip install -r requirements.txt: py-spy==0.4.2; or name a copy in "
+                "launch_status_pyspy), run status.yml as root on the node; py-spy inside the training container needs "
+                "--cap-add SYS_PTRACE")
+
+
+def stack_lines(stacks_by_host):
+    """{host: [job_progress stack results]} -> the lines status.yml prints: which ranks sit in which call (largest
+    group first), ranks in a telling process state with the fix, and ranks without a stack with the reason."""
+    per_rank, states, notes = {}, [], []
+    for host, stacks in stacks_by_host.items():
+        for s in stacks or []:
+            rank = s.get("rank")
+            if s.get("skipped"):
+                notes.append("%s rank %s: no stack: %s. fix: %s" % (
+                    host, "?" if rank is None else rank, s["skipped"], NO_STACK_FIX))
+                continue
+            per_rank[(rank if isinstance(rank, int) else -1, host)] = s.get("call")
+            st = PROC_STATES.get(s.get("state") or "")
+            if st:
+                states.append("rank %s on %s (pid %s) is %s. fix: %s" % (rank, host, s.get("pid"), st[0], st[1]))
+    lines = []
+    groups = group_calls(per_rank)
+    for g in groups:
+        ranks = ", ".join("%d (%s)" % k for k in g["ranks"])
+        lines.append("%s %s %s in %s" % ("ranks" if len(g["ranks"]) > 1 else "rank", ranks,
+                                         "sit" if len(g["ranks"]) > 1 else "sits", g["call"]))
+    if len(groups) > 1:
+        lines.append("fix: the ranks outside the largest group are the ones the others wait for: read their whole "
+                     "stacks (kept on each node in <state dir>/<job>/stacks/rank_<N>.txt; playbooks/collect.yml "
+                     "gathers them) and that rank's log tail")
+    return lines + states + notes

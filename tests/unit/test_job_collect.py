@@ -83,6 +83,34 @@ def test_stacks_of_py_spy_and_faulthandler():
     assert groups == [{"call": "a", "ranks": [0, 2]}, {"call": "b", "ranks": [1]}]
 
 
+class _St:
+    def __init__(self, pid, ppid, state="S", ticks=100):
+        self.pid, self.ppid, self.state, self.start_ticks = pid, ppid, state, ticks
+
+
+def test_rank_processes_come_from_proc_workers_only_topmost():
+    # torchrun agent (no RANK), two workers, a DataLoader worker of rank 1 (inherits RANK=1), a launcher
+    env = {10: {"TRAINYARD_LAUNCH_ID": "t"}, 11: {"RANK": "0", "LOCAL_RANK": "0"},
+           12: {"RANK": "1", "LOCAL_RANK": "1"}, 13: {"RANK": "1", "LOCAL_RANK": "1"}, 9: {}, 14: {"RANK": "x"}}
+    stats = [_St(9, 1), _St(10, 9), _St(11, 10), _St(12, 10, "T"), _St(13, 12), _St(14, 10)]
+    got = jc.rank_processes(stats, env.get)
+    assert [(r["rank"], r["local_rank"], r["pid"], r["state"]) for r in got] == [(0, 0, 11, "S"), (1, 1, 12, "T")]
+
+
+def test_stack_lines_group_ranks_and_name_a_stopped_rank_with_the_fix():
+    spy = "all_reduce (distributed_c10d.py:2501) called from main (ddp_train.py:170)"
+    lines = jc.stack_lines({
+        "n1": [{"rank": 0, "pid": 5, "state": "S", "call": spy}, {"rank": 1, "pid": 6, "state": "S", "call": spy}],
+        "n2": [{"rank": 2, "pid": 7, "state": "T", "call": "batch (ddp_train.py:72) called from main (ddp_train.py:175)"},
+               {"rank": 3, "pid": 8, "skipped": "py-spy: Permission denied"}]})
+    assert lines[0] == "ranks 0 (n1), 1 (n1) sit in " + spy
+    assert lines[1] == "rank 2 (n2) sits in batch (ddp_train.py:72) called from main (ddp_train.py:175)"
+    assert lines[2].startswith("fix: the ranks outside the largest group")
+    assert lines[3].startswith("rank 2 on n2 (pid 7) is stopped (SIGSTOP") and "SIGCONT" in lines[3]
+    assert lines[4].startswith("n2 rank 3: no stack: py-spy: Permission denied. fix: put py-spy on the controller")
+    assert jc.stack_lines({"n1": [{"rank": 0, "state": "S", "call": spy}]}) == ["rank 0 (n1) sits in " + spy]
+
+
 def test_fr_report_parser_on_the_analyzers_own_words():
     text = ("Not all ranks joining collective, sequence number: 4\ninternal record id: 3\ngroup info: 0:default_pg\n"
             "collective: nccl:all_reduce\nmissing ranks: {1}\ninput sizes: [[4096]]\noutput sizes: [[4096]]\n"
@@ -247,3 +275,41 @@ def test_job_progress_reads_progress_from_job_rw_only(tmp_path):
     assert r["progress"] == []
     r = adhoc("job_progress", {"job": "../etc", "state_root": str(tmp_path), "nvidia_smi": ""})
     assert r.get("failed") and "job name" in r["msg"]
+
+
+HUNG_RANK = "import time\ndef wait_for_peers():\n    time.sleep(300)\nwait_for_peers()\n"
+
+
+def test_job_progress_stacks_find_the_ranks_in_proc_and_dump_them_with_py_spy(tmp_path):
+    """Two real "ranks" (processes with the launch token and torchrun's RANK), one of them stopped; a progress file
+    that names a process of somebody else (PID 1): the stacks come from /proc, never from that record."""
+    pyspy = VENV / "py-spy"
+    if not pyspy.exists():
+        pytest.skip("py-spy is not installed in the virtualenv (requirements.txt pins it)")
+    job, ro, rw = _layout(tmp_path)
+    (job / tr.STATE_FILE).write_text(json.dumps({"job": "train", "token": "tok-1"}))
+    (rw / "progress" / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 3, "pid": 1}))
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = dict(os.environ, TRAINYARD_LAUNCH_ID="tok-1", RANK=str(rank), LOCAL_RANK=str(rank))
+            procs.append(subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=env))
+        other = subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=dict(os.environ, RANK="5", LOCAL_RANK="0"))
+        procs.append(other)
+        time.sleep(1.0)
+        os.kill(procs[1].pid, 19)  # SIGSTOP: a frozen rank
+        r = adhoc("job_progress", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": "", "stacks": True,
+                                   "py_spy": str(pyspy)})
+        assert not r.get("failed"), r.get("msg")
+        got = {s["rank"]: s for s in r["stacks"]}
+        assert set(got) == {0, 1}, r["stacks"]  # not the process without the token, not PID 1
+        assert got[0]["pid"] == procs[0].pid and got[1]["pid"] == procs[1].pid
+        assert got[0]["method"] == "py-spy" and got[0]["call"].startswith("wait_for_peers (<string>:3)")
+        assert got[1]["state"] == "T" and got[1]["call"].startswith("wait_for_peers")
+        kept = job / "stacks" / "rank_1.txt"
+        assert got[1]["kept"] == str(kept) and "wait_for_peers" in kept.read_text()
+        assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

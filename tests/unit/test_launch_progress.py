@@ -43,4 +43,16 @@ def test_stalled_and_stack_groups():
     s = lp.launch_progress_summary(hostvars(), ["n1", "n2", "n3"], 0.5, 1.3)
     assert s["stalled"] == ["n1", "n2", "n3"]
     lines = lp.launch_stack_lines(hostvars(), ["n1", "n2", "n3"])
-    assert lines == ["ranks 1 (n2, py-spy) sit in main (train.py:9)", "n3 rank 2: no stack: SIGUSR1 not caught"]
+    assert lines[0] == "rank 1 (n2) sits in main (train.py:9)" and len(lines) == 2
+    assert lines[1].startswith("n3 rank 2: no stack: SIGUSR1 not caught. fix: put py-spy on the controller")
+
+
+def test_watch_goes_on_while_a_node_runs_and_nothing_failed():
+    def st(state, *nodes):
+        return {"state": state, "nodes": [{"node": "n%d" % i, "state": s} for i, s in enumerate(nodes)]}
+    assert lp.launch_watch_more(st("running", "running", "running"))
+    assert lp.launch_watch_more(st("partial", "finished", "running"))  # one node finished a moment earlier
+    assert not lp.launch_watch_more(st("finished", "finished", "finished"))
+    assert not lp.launch_watch_more(st("failed", "failed", "running"))
+    assert not lp.launch_watch_more(st("unreachable", "unreachable", "running"))
+    assert not lp.launch_watch_more(st("partial", "absent", "finished"))

@@ -77,18 +77,18 @@ def launch_progress_lines(summary, states=None):
 
 def launch_stack_lines(hostvars, hosts):
     """Which ranks sit in which call, from every node's stack dumps (registered as __launch_stacks)."""
-    per_rank, notes = {}, []
-    for h in hosts:
-        for s in _res(hostvars, h, "__launch_stacks").get("stacks") or []:
-            if s.get("skipped"):
-                notes.append("%s rank %s: no stack: %s" % (h, s.get("rank"), s["skipped"]))
-            else:
-                per_rank["%s (%s, %s)" % (s.get("rank"), h, s.get("method"))] = s.get("call")
-    lines = ["ranks %s sit in %s" % (", ".join(g["ranks"]), g["call"]) for g in job_collect.group_calls(per_rank)]
-    return lines + notes
+    return job_collect.stack_lines({h: _res(hostvars, h, "__launch_stacks").get("stacks") or [] for h in hosts})
+
+
+def launch_watch_more(status):
+    """-e status_watch: refresh again while the job runs on some node and has neither failed nor lost a node (a node
+    that finished a moment before the others leaves the job 'partial', not ended)."""
+    status = status if isinstance(status, dict) else {}
+    return status.get("state") in ("running", "partial") and any(
+        n.get("state") == "running" for n in status.get("nodes") or [])
 
 
 class FilterModule:
     def filters(self):
         return {"launch_progress_summary": launch_progress_summary, "launch_progress_lines": launch_progress_lines,
-                "launch_stack_lines": launch_stack_lines}
+                "launch_stack_lines": launch_stack_lines, "launch_watch_more": launch_watch_more}
