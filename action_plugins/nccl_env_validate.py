@@ -73,14 +73,9 @@ env:
   type: dict
 """
 
-import os
-import sys
-
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-import nccl_vars  # noqa: E402  (module_utils/ of this repository, found through the path above)
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 
 
 class ActionModule(ActionBase):

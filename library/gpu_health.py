@@ -85,7 +85,9 @@ xml:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
+    parse_health_xml, parse_kernel_log, read_kernel_log,
+)
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
 

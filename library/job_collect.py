@@ -79,8 +79,10 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
-from ansible.module_utils.job_collect import (
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
+    parse_health_xml, parse_kernel_log, read_kernel_log,
+)
+from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
     JobTree,
     error_files_in_log,
     listdir_fd,
@@ -89,7 +91,7 @@ from ansible.module_utils.job_collect import (
     redact_file,
     safe_read,
 )
-from ansible.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
 # Where each file lives (module_utils/torchrun.py, docs/architecture.md "Node-local layout"): dir = the host-only

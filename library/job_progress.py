@@ -49,10 +49,12 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml
-from ansible.module_utils.job_collect import JobTree, main_call, parse_stacks, read_progress
-from ansible.module_utils import torchrun as tr
-from ansible.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import parse_health_xml
+from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
+    JobTree, main_call, parse_stacks, read_progress,
+)
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)

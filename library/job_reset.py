@@ -138,7 +138,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
 START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)

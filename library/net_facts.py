@@ -98,8 +98,9 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.netcheck import (excluded_reason, networkd_matches, netplan_section, parse_ip_addr,
-                                           parse_route_get, select_iface)
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
+    excluded_reason, networkd_matches, netplan_section, parse_ip_addr, parse_route_get, select_iface,
+)
 
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
 

@@ -128,7 +128,7 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import (
+from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
     NvidiaSmiParseError,
     classify_failure,
     fabric_applicable,

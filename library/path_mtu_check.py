@@ -81,7 +81,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.netcheck import parse_ping, ping_argv
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import parse_ping, ping_argv
 
 
 def main():

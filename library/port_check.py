@@ -130,9 +130,10 @@ import struct
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
-from ansible.module_utils.netcheck import (classify_connect_error, job_alive, job_pids, parse_proc_net_tcp, port_verdict,
-                                           socket_inode)
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
+    classify_connect_error, job_alive, job_pids, parse_proc_net_tcp, port_verdict, socket_inode,
+)
 
 
 def read(path, mode="r"):

@@ -337,11 +337,13 @@ import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
-from ansible.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 try:
-    from ansible.module_utils.checkpoints import ensure_deepspeed_latest, latest_complete_checkpoint
+    from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import (
+        ensure_deepspeed_latest, latest_complete_checkpoint,
+    )
     HAS_CHECKPOINTS = True
     CHECKPOINTS_IMPORT_ERROR = None
 except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing or broken

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import ds_config
-import nccl_vars as nv
-import render
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import REPO, load
+
+render = load("filter_plugins/render.py")
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_byo")
 bench = load("roles/nccl_check/files/allreduce_bench.py", "allreduce_bench_byo")

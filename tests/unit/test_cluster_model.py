@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-import cluster_model as cm
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
 
 
 def hv(n: int, **extra) -> tuple[list[str], dict]:

@@ -2,8 +2,10 @@
 
 import pytest
 
-import nccl_vars as nv
-import render
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from conftest import load
+
+render = load("filter_plugins/render.py")
 
 
 @pytest.mark.parametrize("typo,nearest", [

@@ -13,15 +13,10 @@ import time
 
 import pytest
 
-import netcheck
-import procgroup
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup
 from conftest import load
 
-# The modules import their shared code as ansible.module_utils.netcheck (AnsiballZ bundles it on the node).
-import ansible.module_utils  # noqa: E402
-
-sys.modules.setdefault("ansible.module_utils.netcheck", netcheck)
-sys.modules.setdefault("ansible.module_utils.procgroup", procgroup)
 port_check = load("library/port_check.py", "port_check_mod")
 filters = load("roles/network/filter_plugins/network_filters.py", "network_filters")
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 from hypothesis import given, strategies as st
 
-import netcheck as nc
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck as nc
 
 
 def link(name, mtu=9000, ipv4=(), flags=("BROADCAST", "MULTICAST", "UP", "LOWER_UP"), operstate="UP", kind=""):

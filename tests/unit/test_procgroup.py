@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-import procgroup as pg
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 
 def wait_for(pred, timeout=10.0, step=0.05):

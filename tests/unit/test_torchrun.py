@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 DATA = REPO / "tests/data/torchrun"
 

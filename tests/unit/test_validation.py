@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cluster_model as cm
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
 from conftest import REPO
 
 ROLES = cm.load_role_specs(REPO / "roles")
