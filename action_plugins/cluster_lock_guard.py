@@ -98,17 +98,15 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 from ansible import constants as C
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
+from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
 
 display = Display()
-REPO = Path(__file__).resolve().parents[1]
-MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
 
 
 class ActionModule(ActionBase):

@@ -16,7 +16,7 @@ description:
     C(<role>_) for every role with a C(meta/argument_specs.yml)) is checked against that role's argument spec:
     unknown names (with the nearest valid name), type, choices, nested options of dicts and lists of dicts.
   - Computes the cluster model (node rank, nnodes, world size, head, master address and port, hosts by rank,
-    data address) with C(module_utils/cluster_model.py) and returns it per host in I(models).
+    data address) with C(plugin_utils/cluster_model.py) and returns it per host in I(models).
 options:
   group:
     description: Group of the training nodes.
@@ -37,11 +37,7 @@ options:
     description: Regular expressions (full match) of interface names that are never the data interface.
     type: list
     elements: str
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""

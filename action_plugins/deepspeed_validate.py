@@ -14,7 +14,7 @@ description:
   - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
     C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
   - C("auto") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
-    the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; module_utils/ds_config.py lists the keys of each);
+    the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; plugin_utils/ds_config.py lists the keys of each);
     elsewhere the message names the file and key and which integration would fill it. For validation the filled
     ones are replaced by typed stand-ins.
   - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
@@ -49,11 +49,7 @@ options:
     description: Seconds the validation process may take.
     type: int
     default: 180
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""

@@ -51,11 +51,7 @@ options:
     description: Seconds the validation process may take.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""

@@ -18,15 +18,12 @@ description:
 
 import atexit
 import os
-import sys
 import time
-from pathlib import Path
 
 from ansible.plugins.callback import CallbackBase
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
+from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
 
-REPO = Path(__file__).resolve().parents[1]
-MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
 _REGISTERED = []
 
 

@@ -41,10 +41,7 @@ options:
   fabricmanager_unit: {description: The fabric manager's systemd unit., type: str, default: nvidia-fabricmanager}
   nvidia_smi: {description: nvidia-smi (name or path); empty skips it., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take; 0 waits forever., type: int, default: 60}
-attributes:
-  check_mode: {support: full}
-  diff_mode: {support: none}
-  idempotent: {support: full}
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

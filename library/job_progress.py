@@ -22,10 +22,7 @@ options:
   stacks: {description: Take every rank's Python stack., type: bool, default: false}
   nvidia_smi: {description: nvidia-smi; empty skips the GPU state., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take., type: int, default: 30}
-attributes:
-  check_mode: {support: full}
-  diff_mode: {support: none}
-  idempotent: {support: full}
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

@@ -37,13 +37,7 @@ options:
     description: This node is the head (rank 0); the interface holding I(target) is the data interface.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

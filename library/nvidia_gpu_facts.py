@@ -42,13 +42,7 @@ options:
     description: Seconds each nvidia-smi call may take (a hung GPU makes nvidia-smi hang); 0 waits forever.
     type: int
     default: 60
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

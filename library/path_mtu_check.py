@@ -43,13 +43,7 @@ options:
     description: Most pings in flight at once.
     type: int
     default: 64
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

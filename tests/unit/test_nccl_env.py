@@ -1,4 +1,4 @@
-"""Pure helpers of role nccl_env (module_utils/nccl_vars.py) and the render filters."""
+"""Pure helpers of role nccl_env (plugin_utils/nccl_vars.py) and the render filters."""
 
 import pytest
 

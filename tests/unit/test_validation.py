@@ -19,7 +19,7 @@ def run(hostvars: dict, groups: dict | None = None, lenient: dict | None = None,
     groups = groups if groups is not None else {"all": list(hostvars), "trainers": list(hostvars)}
     return cm.validate(groups, hostvars, roles=ROLES if roles is None else roles, defaults=CLUSTER_DEFAULTS,
                        removed=VARS["_cluster_removed_vars"], reserved=VARS["_cluster_reserved_facts"],
-                       lenient=lenient, bad_iface_patterns=VARS["_cluster_bad_iface_patterns"])
+                       lenient=lenient)
 
 
 def three(**common) -> dict:
