@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, load
+from conftest import load
 
 from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 

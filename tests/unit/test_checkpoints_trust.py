@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, load
+from conftest import load
 
 from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 

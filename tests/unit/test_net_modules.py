@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from ansible_collections.trainyard.core.plugins.module_utils import netcheck
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup
 from conftest import load
 
