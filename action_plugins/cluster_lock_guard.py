@@ -92,34 +92,21 @@ lock_holder:
 """
 
 import getpass
-import importlib.util
 import os
 import shutil
 import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 from ansible import constants as C
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
+from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
 
 display = Display()
-REPO = Path(__file__).resolve().parents[1]
-MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
-
-
-def _load():
-    name = "trainyard_cluster_lock"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_lock.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class ActionModule(ActionBase):
@@ -141,7 +128,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        lk = _load()
+        lk = cluster_lock
         a = self._task.args
         path = a.get("path")
         state = a.get("state", "present")

@@ -16,7 +16,7 @@ description:
     C(<role>_) for every role with a C(meta/argument_specs.yml)) is checked against that role's argument spec:
     unknown names (with the nearest valid name), type, choices, nested options of dicts and lists of dicts.
   - Computes the cluster model (node rank, nnodes, world size, head, master address and port, hosts by rank,
-    data address) with C(module_utils/cluster_model.py) and returns it per host in I(models).
+    data address) with C(plugin_utils/cluster_model.py) and returns it per host in I(models).
 options:
   group:
     description: Group of the training nodes.
@@ -37,11 +37,7 @@ options:
     description: Regular expressions (full match) of interface names that are never the data interface.
     type: list
     elements: str
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""
@@ -67,30 +63,18 @@ problems:
   type: list
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model
 
 display = Display()
 REPO = Path(__file__).resolve().parents[1]
 
 # Host variables (not role-prefixed) that the validation reads.
 HOST_VARS = ("node_rank", "data_address", "ansible_host", "ansible_port", "ansible_connection")
-
-
-def _load_model():
-    name = "trainyard_cluster_model"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _untyped_source(value) -> bool:
@@ -136,7 +120,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        cm = _load_model()
+        cm = cluster_model
         args = self._task.args
         group = args.get("group") or cm.TRAINERS
         roles_dir = Path(args.get("roles_dir") or REPO / "roles")

@@ -14,7 +14,7 @@ description:
   - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
     C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
   - C("auto") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
-    the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; module_utils/ds_config.py lists the keys of each);
+    the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; plugin_utils/ds_config.py lists the keys of each);
     elsewhere the message names the file and key and which integration would fill it. For validation the filled
     ones are replaced by typed stand-ins.
   - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
@@ -49,11 +49,7 @@ options:
     description: Seconds the validation process may take.
     type: int
     default: 180
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""
@@ -85,15 +81,10 @@ cached:
 """
 
 import copy
-import hashlib
-import json
 import os
-import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-import ds_config  # noqa: E402  (module_utils/ of this repository, found through the path above)
-import nccl_vars  # noqa: E402  (the shared "did you mean" rule)
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, nccl_vars, python_child
 
 # Typed stand-ins for "auto" values an integration fills at run time (ds_config.AUTO_FILLED says which
 # integration fills which key), keyed by DeepSpeed's canonical path; None: leave the key out (DeepSpeed computes it).
@@ -194,26 +185,10 @@ def _validate_in_process(config, allow_unknown_keys):
 
 def _child_main():
     """`python deepspeed_validate.py` reads {config, allow_unknown_keys} on stdin and prints the result as JSON."""
-    request = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # DeepSpeed prints while importing; keep stdout for the result
-    try:
-        result = _validate_in_process(request["config"], set(request.get("allow_unknown_keys") or []))
-    except ImportError as exc:
-        result = {"ok": False, "errors": [f"cannot import deepspeed on the controller ({exc}): install "
-                                          f"requirements-ml.txt into the controller venv (make venv), or set "
-                                          f"deepspeed_config_validate: false"]}
-    real_stdout.write(json.dumps(result) + "\n")
-    return 0
-
-
-def _deepspeed_version(python):
-    try:
-        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('deepspeed'))"],
-                             capture_output=True, text=True, timeout=60, check=False)
-        return out.stdout.strip() or "none"
-    except (OSError, subprocess.SubprocessError):
-        return "none"
+    python_child.child_main(
+        lambda request: _validate_in_process(request["config"], set(request.get("allow_unknown_keys") or [])),
+        lambda exc: f"cannot import deepspeed on the controller ({exc}): install requirements-ml.txt into the "
+                    f"controller venv (make venv), or set deepspeed_config_validate: false")
 
 
 def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=180, auto_filler="trainer",
@@ -223,41 +198,13 @@ def validate(config, allow_unknown_keys=(), python=None, cache_dir="", timeout=1
     filled, errors = fill_auto(config, auto_filler, source)
     if errors:
         return {"ok": False, "errors": errors, "cached": False}
-    version = _deepspeed_version(python)
-    with open(os.path.abspath(__file__), "rb") as fh:
-        me = hashlib.sha256(fh.read()).hexdigest()
-    key = hashlib.sha256(json.dumps([filled, sorted(allow_unknown_keys), version, me], sort_keys=True,
-                                    default=str).encode()).hexdigest()
-    path = os.path.join(os.path.expanduser(cache_dir), f"{key}.json") if cache_dir else ""
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            result = json.load(fh)
-        result["cached"] = True
-        return _named(result, source)
-    env = dict(os.environ)
-    if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
-        env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
+    env = python_child.child_env()
     env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    try:
-        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps(
-            {"config": filled, "allow_unknown_keys": list(allow_unknown_keys)}), capture_output=True, text=True,
-            timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "errors": [f"DeepSpeed validation took over {timeout}s on the controller"],
-                "cached": False}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        return {"ok": False, "errors": [f"DeepSpeed validation did not run (rc {proc.returncode}): {tail}"],
-                "cached": False}
-    result = json.loads(lines[-1])
-    if path and "deepspeed_version" in result:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(result, fh)
-        os.replace(tmp, path)
-    result["cached"] = False
+    version = python_child.dist_version(python, "deepspeed") or "none"
+    result = python_child.run_cached(
+        python, os.path.abspath(__file__), {"config": filled, "allow_unknown_keys": list(allow_unknown_keys)},
+        [filled, sorted(allow_unknown_keys), version], cache_dir=cache_dir, timeout=timeout, env=env,
+        what="DeepSpeed", version_key="deepspeed_version")
     return _named(result, source)
 
 

@@ -51,11 +51,7 @@ options:
     description: Seconds the validation process may take.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""
@@ -89,13 +85,13 @@ cached:
 """
 
 import difflib
-import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
+
+from ansible_collections.trainyard.core.plugins.plugin_utils import python_child
 
 
 def merge_overrides(config, overrides):
@@ -186,19 +182,12 @@ def _validate_in_process(config, overrides, deepspeed_config):
 
 def _child_main():
     """`python llamafactory_validate.py` reads {config, overrides, deepspeed_config} on stdin, prints JSON."""
-    request = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # the parser prints its help on errors; keep stdout for the result
-    try:
-        result = _validate_in_process(request["config"], request.get("overrides") or [],
-                                      request.get("deepspeed_config") or {})
-    except ImportError as exc:
-        result = {"ok": False, "errors": [f"cannot import llamafactory on the controller ({exc}): run make venv "
-                                          f"(it installs requirements-llamafactory.txt into "
-                                          f"train_args_validate_pythonpath), or set train_args_validate: false"]}
-    real_stdout.write(json.dumps(result) + "\n")
-    real_stdout.flush()
-    os._exit(0)  # the one-process group and tokenizer threads must not hold the exit
+    python_child.child_main(
+        lambda request: _validate_in_process(request["config"], request.get("overrides") or [],
+                                             request.get("deepspeed_config") or {}),
+        lambda exc: f"cannot import llamafactory on the controller ({exc}): run make venv (it installs "
+                    f"requirements-llamafactory.txt into train_args_validate_pythonpath), or set "
+                    f"train_args_validate: false")
 
 
 def _free_port():
@@ -210,56 +199,22 @@ def _free_port():
 def validate(config, overrides=(), deepspeed_config=None, python=None, pythonpath="", cache_dir="", timeout=300):
     """Controller side: LLaMA-Factory in a child process, results cached by hash."""
     python = python or sys.executable
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.expanduser(pythonpath), env.get("PYTHONPATH")) if p)
-    try:
-        version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('llamafactory'))"],
-                                 capture_output=True, text=True, timeout=60, env=env, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        version = ""
+    env = python_child.child_env(pythonpath)
+    version = python_child.dist_version(python, "llamafactory", env)
     if not version:
         return {"ok": False, "cached": False, "errors": [
             f"llamafactory is not importable on the controller by {python}"
             + (f" with {pythonpath} on PYTHONPATH" if pythonpath else "")
             + ": run make venv (it installs requirements-llamafactory.txt there), or set train_args_validate: false"]}
-    with open(os.path.abspath(__file__), "rb") as fh:
-        me = hashlib.sha256(fh.read()).hexdigest()
-    key = hashlib.sha256(json.dumps([config, list(overrides), deepspeed_config, version, me], sort_keys=True,
-                                    default=str).encode()).hexdigest()
-    path = os.path.join(os.path.expanduser(cache_dir), f"{key}.json") if cache_dir else ""
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            result = json.load(fh)
-        result["cached"] = True
-        return result
     # A one-process torchrun environment: LLaMA-Factory refuses DeepSpeed outside torchrun.
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DISABLE_VERSION_CHECK="1", RANK="0", WORLD_SIZE="1",
                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
-    if env.get("TORCH_CUDA_ARCH_LIST", "").endswith("a"):  # "9.0a" makes DeepSpeed's import fail
-        env["TORCH_CUDA_ARCH_LIST"] = env["TORCH_CUDA_ARCH_LIST"].rstrip("a")
-    try:
-        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps(
-            {"config": config, "overrides": list(overrides), "deepspeed_config": deepspeed_config or {}}),
-            capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "errors": [f"LLaMA-Factory validation took over {timeout}s on the controller"],
-                "cached": False}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        return {"ok": False, "errors": [f"LLaMA-Factory validation did not run (rc {proc.returncode}): {tail}"],
-                "cached": False}
-    result = json.loads(lines[-1])
-    if path and "llamafactory_version" in result:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(result, fh)
-        os.replace(tmp, path)
-    result["cached"] = False
-    return result
+    return python_child.run_cached(
+        python, os.path.abspath(__file__),
+        {"config": config, "overrides": list(overrides), "deepspeed_config": deepspeed_config or {}},
+        [config, list(overrides), deepspeed_config, version], cache_dir=cache_dir, timeout=timeout, env=env,
+        what="LLaMA-Factory", version_key="llamafactory_version")
 
 
 if __name__ == "__main__":

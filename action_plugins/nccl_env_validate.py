@@ -9,7 +9,7 @@ module: nccl_env_validate
 short_description: Check the names and values of the NCCL/torch environment file before it is rendered
 description:
   - Merges the role's sections with the user's extra variables and checks every name against the variables NCCL,
-    torch, gloo, CUDA, OpenMP and the launchers read (module_utils/nccl_vars.py). An unknown name (a typo) is an
+    torch, gloo, CUDA, OpenMP and the launchers read (plugin_utils/nccl_vars.py). An unknown name (a typo) is an
     error that names the nearest valid variable.
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
@@ -36,11 +36,7 @@ options:
     type: list
     elements: str
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""
@@ -73,14 +69,9 @@ env:
   type: dict
 """
 
-import os
-import sys
-
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-import nccl_vars  # noqa: E402  (module_utils/ of this repository, found through the path above)
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 
 
 class ActionModule(ActionBase):

@@ -62,11 +62,7 @@ options:
     description: Structured values for the report (e.g. a pairwise matrix, versions for the drift table).
     type: dict
     default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""

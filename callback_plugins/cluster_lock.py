@@ -17,28 +17,14 @@ description:
 """
 
 import atexit
-import importlib.util
 import os
-import sys
 import time
-from pathlib import Path
 
 from ansible.plugins.callback import CallbackBase
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
+from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
 
-REPO = Path(__file__).resolve().parents[1]
-MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
 _REGISTERED = []
-
-
-def _load():
-    name = "trainyard_cluster_lock"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "cluster_lock.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _release_at_exit(marker):
@@ -79,7 +65,7 @@ class CallbackModule(CallbackBase):
         super().__init__(*args, **kwargs)
         if _REGISTERED:
             return
-        lk = _load()
+        lk = cluster_lock
         _forget_dead(lk)
         pid = os.getpid()
         os.environ[lk.PID_ENV] = str(pid)  # the workers forked later read the run's PID from here

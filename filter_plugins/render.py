@@ -4,12 +4,8 @@
 from __future__ import annotations
 
 import base64
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-import ds_config  # noqa: E402  (module_utils/ of this repository, found through the path above)
-import nccl_vars  # noqa: E402  (module_utils/ of this repository, found through the path above)
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, nccl_vars
 
 
 def _slurped_text(registered):

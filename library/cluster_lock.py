@@ -101,7 +101,7 @@ lock:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import cluster_lock as lk
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
 
 
 def run(module):

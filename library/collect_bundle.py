@@ -66,9 +66,11 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import health_records, other_kernel_events
-from ansible.module_utils.job_collect import fr_lines, normalize_fr_dump, parse_fr_report, progress_summary
-from ansible.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import health_records, other_kernel_events
+from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
+    fr_lines, normalize_fr_dump, parse_fr_report, progress_summary,
+)
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
 _PLAIN = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool",

@@ -38,13 +38,7 @@ options:
     description: Seconds each command may take (a hung GPU makes nvidia-smi hang); 0 waits forever.
     type: int
     default: 60
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -85,7 +79,9 @@ xml:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
+    parse_health_xml, parse_kernel_log, read_kernel_log,
+)
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
 

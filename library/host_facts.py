@@ -37,13 +37,7 @@ options:
     description: Seconds to wait for the docker engine to answer.
     type: float
     default: 3.0
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 

@@ -41,10 +41,7 @@ options:
   fabricmanager_unit: {description: The fabric manager's systemd unit., type: str, default: nvidia-fabricmanager}
   nvidia_smi: {description: nvidia-smi (name or path); empty skips it., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take; 0 waits forever., type: int, default: 60}
-attributes:
-  check_mode: {support: full}
-  diff_mode: {support: none}
-  idempotent: {support: full}
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -79,8 +76,10 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml, parse_kernel_log, read_kernel_log
-from ansible.module_utils.job_collect import (
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
+    parse_health_xml, parse_kernel_log, read_kernel_log,
+)
+from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
     JobTree,
     error_files_in_log,
     listdir_fd,
@@ -89,7 +88,7 @@ from ansible.module_utils.job_collect import (
     redact_file,
     safe_read,
 )
-from ansible.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
 # Where each file lives (module_utils/torchrun.py, docs/architecture.md "Node-local layout"): dir = the host-only

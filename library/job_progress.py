@@ -26,10 +26,7 @@ options:
   py_spy: {description: A py-spy binary on the node to use first; empty looks for py-spy on the PATH., type: str, default: ""}
   nvidia_smi: {description: nvidia-smi; empty skips the GPU state., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take., type: int, default: 30}
-attributes:
-  check_mode: {support: full}
-  diff_mode: {support: none}
-  idempotent: {support: full}
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -54,10 +51,12 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import parse_health_xml
-from ansible.module_utils.job_collect import JobTree, main_call, parse_stacks, rank_processes, read_progress
-from ansible.module_utils import torchrun as tr
-from ansible.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import parse_health_xml
+from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
+    JobTree, main_call, parse_stacks, rank_processes, read_progress,
+)
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)

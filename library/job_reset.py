@@ -66,13 +66,7 @@ options:
     description: Path prefix of GPU device files; processes outside the job holding one are reported.
     type: str
     default: /dev/nvidia
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 notes:
   - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token).
 """
@@ -138,7 +132,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
 START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)
@@ -411,21 +405,8 @@ class Reset(object):
         stats = pg.all_stats()
         chosen = {}
         for s in states:
-            leaders = [(s.get("pid"), s.get("start_ticks"), s.get("token"), s.get("pgid"))]
-            for sc in s.get("sidecars") or []:
-                if isinstance(sc, dict):
-                    leaders.append((sc.get("pid"), sc.get("start_ticks"), sc.get("token"), sc.get("pgid")))
-            for pid, ticks, token, pgid in leaders:
-                if not pid or ticks is None:
-                    continue
-                for st in pg.select_job(stats, pid, ticks, token):
-                    chosen[st.pid] = st
-                # Group/session members, only while the leader is verifiably the one we started.
-                if pg.is_alive(pid, ticks) and pgid:
-                    for st in stats:
-                        if (st.pgrp == int(pgid) or st.session == int(pgid)) and st.start_ticks >= int(ticks) \
-                                and st.state not in ("Z", "X", "x"):
-                            chosen[st.pid] = st
+            for st in pg.recorded_job(s, stats):
+                chosen[st.pid] = st
         return [st for pid, st in sorted(chosen.items()) if pid not in self.me]
 
     # ------------------------------------------------------------------ files

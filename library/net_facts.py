@@ -37,13 +37,7 @@ options:
     description: This node is the head (rank 0); the interface holding I(target) is the data interface.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -98,8 +92,9 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.netcheck import (excluded_reason, networkd_matches, netplan_section, parse_ip_addr,
-                                           parse_route_get, select_iface)
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
+    excluded_reason, networkd_matches, netplan_section, parse_ip_addr, parse_route_get, select_iface,
+)
 
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
 

@@ -42,13 +42,7 @@ options:
     description: Seconds each nvidia-smi call may take (a hung GPU makes nvidia-smi hang); 0 waits forever.
     type: int
     default: 60
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -128,7 +122,7 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import (
+from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
     NvidiaSmiParseError,
     classify_failure,
     fabric_applicable,

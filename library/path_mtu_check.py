@@ -43,13 +43,7 @@ options:
     description: Most pings in flight at once.
     type: int
     default: 64
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -81,7 +75,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.netcheck import parse_ping, ping_argv
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import parse_ping, ping_argv
 
 
 def main():

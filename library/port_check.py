@@ -20,13 +20,14 @@ description:
     even when the play stops half-way; C(mode=stop) ends it earlier (PID and start time checked).
   - C(mode=connect) (worker) opens one TCP connection with a I(timeout) and tells a timeout (packets dropped,
     e.g. a firewall DROP rule) from a refusal, an ICMP unreachable and a local blackhole/prohibit route.
-  - C(mode=free) (reset) ends the holder only when it belongs to this tool's job; otherwise it reports the
-    holder and leaves it alone.
+  - C(mode=stop_job_holders) (reset) stops the processes holding the port that belong to this tool's job
+    (SIGTERM, then SIGKILL after I(grace), through C(module_utils/procgroup.py): a PID is signalled only while it is
+    the process that was found); a holder outside the job is reported and left alone.
 options:
   mode:
     description: What to do.
     type: str
-    choices: [inspect, listen, stop, connect, free]
+    choices: [inspect, listen, stop, connect, stop_job_holders]
     required: true
   port:
     description: The rendezvous port.
@@ -61,13 +62,14 @@ options:
     type: int
     default: 0
   grace:
-    description: Seconds between SIGTERM and SIGKILL (stop, free).
+    description: Seconds between SIGTERM and SIGKILL (stop, stop_job_holders).
     type: float
     default: 5.0
 attributes:
   check_mode:
     support: full
-    details: listen, stop and free change nothing in check mode (the listener is a read-only probe otherwise).
+    details: listen, stop and stop_job_holders change nothing in check mode (the listener is a read-only probe
+      otherwise).
   diff_mode:
     support: none
   idempotent:
@@ -92,12 +94,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 holders:
-  description: Sockets holding the port, C({pid, command, local, state, inode}) (inspect, free).
-  returned: inspect, free
+  description: Sockets holding the port, C({pid, command, local, state, inode}) (inspect, stop_job_holders).
+  returned: inspect, stop_job_holders
   type: list
 verdict:
-  description: C({state, ok, detail, fix}), state free, ours or other (inspect, free).
-  returned: inspect, free
+  description: C({state, ok, detail, fix}), state free, ours or other (inspect, stop_job_holders).
+  returned: inspect, stop_job_holders
   type: dict
 listener:
   description: C({listening, pid, start_ticks, address, port, reason}) (listen).
@@ -116,23 +118,23 @@ message:
   returned: connect
   type: str
 stopped:
-  description: PIDs ended (stop, free).
-  returned: stop, free
+  description: PIDs ended (stop, stop_job_holders).
+  returned: stop, stop_job_holders
   type: list
 """
 
 import json
 import os
 import select
-import signal
 import socket
 import struct
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
-from ansible.module_utils.netcheck import (classify_connect_error, job_alive, job_pids, parse_proc_net_tcp, port_verdict,
-                                           socket_inode)
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
+    classify_connect_error, parse_proc_net_tcp, port_verdict, socket_inode,
+)
 
 
 def read(path, mode="r"):
@@ -141,22 +143,6 @@ def read(path, mode="r"):
             return fh.read()
     except (IOError, OSError):
         return None
-
-
-def proc_stat(pid):
-    text = read("/proc/%d/stat" % pid)
-    if not text or ")" not in text:
-        return None
-    rest = text[text.rfind(")") + 2:].split()
-    try:
-        return {"state": rest[0], "ppid": int(rest[1]), "pgrp": int(rest[2]), "session": int(rest[3]),
-                "start_ticks": int(rest[19])}
-    except (IndexError, ValueError):
-        return None
-
-
-def pids():
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 def command_of(pid):
@@ -175,7 +161,7 @@ def holders_of(port):
         return []
     want = dict((s["inode"], s) for s in sockets)
     found = {}
-    for pid in pids():
+    for pid in (st.pid for st in pg.all_stats()):
         fd_dir = "/proc/%d/fd" % pid
         try:
             fds = os.listdir(fd_dir)
@@ -214,40 +200,20 @@ def inspect(port, state_file):
     state = load_state(state_file)
     ours, live = set(), False
     if holders and state:
-        stats = dict((p, s) for p, s in ((p, proc_stat(p)) for p in pids()) if s)
-        ours = job_pids(state, stats)
-        # A leftover of a crashed job (its launcher gone) is known by the launch token in its environment.
-        token = state.get("token")
-        for h in holders:
-            if token and h.get("pid") and h["pid"] not in ours \
-                    and (pg.read_environ(h["pid"]) or {}).get(pg.TOKEN_ENV) == token:
-                ours.add(h["pid"])
-        live = job_alive(state, stats)
+        # The job's processes, selected as reset.yml selects them (a leftover of a crashed job, its launcher gone,
+        # is known by the launch token in its environment).
+        ours = {st.pid for st in pg.recorded_job(state, pg.all_stats())}
+        live = pg.recorded_alive(state)
     return holders, port_verdict(port, holders, ours, live=live), ours
 
 
-def terminate(pid, ticks, grace):
-    """SIGTERM, then SIGKILL after ``grace`` s, to ``pid`` only while its start time is still ``ticks``."""
-    st = proc_stat(pid)
-    if st is None or st["start_ticks"] != ticks:
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return False
-    deadline = time.time() + grace
-    while time.time() < deadline:
-        st = proc_stat(pid)
-        if st is None or st["start_ticks"] != ticks or st["state"] == "Z":
-            return True
-        time.sleep(0.05)
-    st = proc_stat(pid)
-    if st is not None and st["start_ticks"] == ticks:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return True
+def stop(targets, grace):
+    """Stop the processes (pid, start_ticks) in targets that still run: procgroup's SIGTERM, SIGKILL after grace s,
+    each signal only while the PID is the process that was found. The PIDs that were running."""
+    found = [st.pid for st in pg.running(targets)]
+    if found:
+        pg.terminate(lambda: pg.running(targets), grace=grace)
+    return found
 
 
 def serve(sock, seconds, expect):
@@ -329,8 +295,7 @@ def start_listener(address, port, seconds, expect):
     msg = b"".join(chunks).decode("utf-8", "replace")
     if msg.startswith("ok "):
         pid = int(msg.split()[1])
-        st = proc_stat(pid) or {}
-        return {"listening": True, "pid": pid, "start_ticks": st.get("start_ticks", 0), "address": address,
+        return {"listening": True, "pid": pid, "start_ticks": pg.start_ticks(pid) or 0, "address": address,
                 "port": port, "reason": "probe listener for %d s" % seconds}
     return {"listening": False, "pid": 0, "start_ticks": 0, "address": address, "port": port,
             "reason": "cannot listen on %s:%d: %s" % (address, port, msg[4:] if msg else "listener died")}
@@ -355,7 +320,7 @@ def connect(address, port, timeout):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            mode=dict(type="str", required=True, choices=["inspect", "listen", "stop", "connect", "free"]),
+            mode=dict(type="str", required=True, choices=["inspect", "listen", "stop", "connect", "stop_job_holders"]),
             port=dict(type="int", required=True),
             address=dict(type="str", default=""),
             state_file=dict(type="path", default=""),
@@ -396,16 +361,14 @@ def main():
     if mode == "stop":
         if module.check_mode:
             module.exit_json(changed=False, stopped=[])
-        ended = terminate(p["pid"], p["start_ticks"], p["grace"])
-        module.exit_json(changed=False, stopped=[p["pid"]] if ended else [])
-    # free
+        module.exit_json(changed=False, stopped=stop([(p["pid"], p["start_ticks"])], p["grace"]))
+    # stop_job_holders
     holders, verdict, ours = inspect(p["port"], p["state_file"])
     stopped = []
     if verdict["state"] in ("ours", "running") and not module.check_mode:  # reset stops this job, live or not
-        for h in holders:
-            st = proc_stat(h["pid"]) if h.get("pid") else None
-            if st and h["pid"] in ours and terminate(h["pid"], st["start_ticks"], p["grace"]):
-                stopped.append(h["pid"])
+        targets = [(st.pid, st.start_ticks) for st in (pg.read_stat(h["pid"]) for h in holders
+                                                       if h.get("pid") in ours) if st is not None]
+        stopped = stop(targets, p["grace"])
         holders, verdict, ours = inspect(p["port"], p["state_file"])
     module.exit_json(changed=bool(stopped), holders=holders, verdict=verdict, stopped=stopped)
 

@@ -330,6 +330,7 @@ stopped:
   type: dict
 """
 
+import inspect
 import json
 import os
 import sys
@@ -337,11 +338,14 @@ import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import procgroup as pg
-from ansible.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 try:
-    from ansible.module_utils.checkpoints import ensure_deepspeed_latest, latest_complete_checkpoint
+    from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import (
+        ensure_deepspeed_latest, latest_complete_checkpoint,
+    )
     HAS_CHECKPOINTS = True
     CHECKPOINTS_IMPORT_ERROR = None
 except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing or broken
@@ -789,7 +793,8 @@ class Launch(object):
             except OSError as e:
                 self.m.fail_json(msg="cannot rotate the log %s to %s: %s; remove what is in the way"
                                      % (src, dst, e.strerror), **self.result)
-        tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), tr.LAUNCHER_SOURCE, 0o755)
+        # launcher.py's own text (AnsiballZ ships it inside this module's payload, beside the other module utils).
+        tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), inspect.getsource(launcher_script), 0o755)
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")

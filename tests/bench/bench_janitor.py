@@ -23,9 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ansible.plugins.loader import init_plugin_loader
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "module_utils"))
-import checkpoints as ck  # noqa: E402
+init_plugin_loader([str(REPO / "collections")])  # the project's shared code, found as ansible-playbook finds it
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("build_tree", REPO / "tests/data/checkpoints/build_tree.py")
 bt = importlib.util.module_from_spec(_spec)
@@ -68,7 +70,7 @@ def bench_scan(files: int, repeats: int = 3) -> None:
             times.append(time.monotonic() - t0)
             entries, dels = p.scanned_files, len(p.deletions)
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, str(REPO / "module_utils/checkpoints.py"), "--root", str(root),
+        r = subprocess.run([sys.executable, ck.__file__, "--root", str(root),
                             "--dry-run", "--json"], capture_output=True, text=True)
         cli_s = time.monotonic() - t0
         t0 = time.monotonic()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import VENV_BIN, ansible_env, sim_down, sim_up  # noqa: E402
+from conftest import BIN, ansible_env, sim_down, sim_up  # noqa: E402
 
 PLAYBOOK = "tests/integration/playbooks/network.yml"
 TASK_TIME = re.compile(r"^network : Ping every peer with don't-fragment pings.*?(\d+\.\d+)s\s*$", re.M)
@@ -34,7 +34,7 @@ def log(msg: str) -> None:
 
 
 def run(inventory: Path, playbook: str, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
     t0 = time.monotonic()
     r = subprocess.run(argv, cwd=REPO, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=1800)
@@ -84,7 +84,7 @@ def mismatch(repeats: int) -> list[dict]:
             for _ in range(repeats):
                 c.set_mtu(low, 1500)
                 try:
-                    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(c.inventory), playbook,
+                    argv = [str(BIN / "ansible-playbook"), "-i", str(c.inventory), playbook,
                             "-e", "network_manage_mtu=false"]
                     t0 = time.monotonic()
                     seen = None

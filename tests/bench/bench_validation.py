@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = str(REPO / ".venv/bin/ansible-playbook")
+PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 MALFORMED = """\
 all:
@@ -38,7 +38,7 @@ all:
 
 def env() -> dict:
     e = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    e["PATH"] = f"{REPO / '.venv/bin'}:{e.get('PATH', '')}"
+    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
     return e
 
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import VENV_BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
+from conftest import BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
 
 DOC = REPO / "docs/benchmarks.md"
 # docs/benchmarks.md: the tables above this line are this script's; the analysis from it on is written by hand
@@ -51,7 +51,7 @@ def timed_playbook(inventory: Path, playbook: str, *args: str, env: dict | None 
 def playbook_until(inventory: Path, playbook: str, pattern: str, *args: str) -> tuple[float | None, float, int, str]:
     """Run a playbook reading its output as it comes: (seconds to the first line matching pattern or None,
     seconds to the end, return code, output)."""
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
     t0 = time.monotonic()
     first, lines = None, []
     with subprocess.Popen(argv, cwd=REPO, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

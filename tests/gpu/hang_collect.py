@@ -38,9 +38,11 @@ import sys
 import time
 from pathlib import Path
 
+from ansible.plugins.loader import init_plugin_loader
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "module_utils"))
-from torchrun import JOB_RW_DIR  # noqa: E402 (the repo's module_utils, put on the path just above)
+init_plugin_loader([str(REPO / "collections")])  # the project's shared code, found as ansible-playbook finds it
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import JOB_RW_DIR  # noqa: E402
 JOB = "hang"
 PORT = 39519
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
+BIN = Path(sys.executable).parent  # the toolchain beside the Python that runs the tests
 SIM = [sys.executable, str(REPO / "tests/sim/simcluster.py")]
 
 _RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)"
@@ -33,7 +33,7 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
 
 def ansible_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     env.setdefault("ANSIBLE_FORCE_COLOR", "0")
     env.setdefault("ANSIBLE_NOCOLOR", "1")
@@ -44,7 +44,7 @@ def ansible_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_playbook(inventory: Path | str, playbook: str, *args: str, env: dict[str, str] | None = None,
                  timeout: int = 900) -> subprocess.CompletedProcess:
     """ansible-playbook from the repo root; stdout and stderr together in .stdout."""
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
     return subprocess.run(argv, cwd=REPO, env=ansible_env(env), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import REPO, VENV_BIN, SimCluster, ansible_env, sim_down, sim_up
+from conftest import REPO, BIN, SimCluster, ansible_env, sim_down, sim_up
 
 LOCK = "/var/lib/trainyard-lock/cluster.lock"
 SHORT_WAIT = ["-e", "cluster_lock_wait_s=5"]
@@ -49,7 +49,7 @@ class Run:
     def __init__(self, cluster, tmp_path, playbook, *args):
         self.log = tmp_path / f"{playbook.replace('/', '_')}-{time.monotonic_ns()}.log"
         self._out = open(self.log, "w")
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), playbook, *args]
+        argv = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), playbook, *args]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=ansible_env(), stdin=subprocess.DEVNULL, stdout=self._out,
                                      stderr=subprocess.STDOUT)
         self.pid = self.proc.pid

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_health_page_renders_offline_from_a_report_file(tmp_path, status):
     src = tmp_path / "report.json"
     src.write_text(json.dumps(report))
     out = tmp_path / "health.html"
-    r = subprocess.run([str(REPO / ".venv/bin/python"), str(REPO / "filter_plugins/health_page.py"), str(src),
+    r = subprocess.run([sys.executable, str(REPO / "filter_plugins/health_page.py"), str(src),
                         str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     dom = chromium("--dump-dom", out.as_uri())

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, VENV_BIN, ansible_env, parse_recap
+from conftest import REPO, BIN, ansible_env, parse_recap
 
-PY = str(VENV_BIN / "python")
+PY = str(BIN / "python")
 
 
 def free_port() -> int:
@@ -63,7 +63,7 @@ def env(tmp_path):
     - copy: {content: "{{ r | to_json }}", dest: "%s/{{ inventory_hostname }}.json", mode: "0644"}
       delegate_to: localhost
       changed_when: false  # the test's own record of the result: the recap counts only the module
-""" % (VENV_BIN / "torchrun", REPO / "examples/ddp_train.py", tmp_path, tmp_path, tmp_path))
+""" % (BIN / "torchrun", REPO / "examples/ddp_train.py", tmp_path, tmp_path, tmp_path))
     port = free_port()
     started = []
 
@@ -71,7 +71,7 @@ def env(tmp_path):
         args = {"port": port, "targs": ["--steps", str(steps), "--save-every", "5", "--sleep", "0.1",
                                         "--output-root", str(tmp_path / "out{{ node_rank }}")]}
         args.update(kw)
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inv), str(pb), "-e", json.dumps(args), *extra]
+        argv = [str(BIN / "ansible-playbook"), "-i", str(inv), str(pb), "-e", json.dumps(args), *extra]
         r = subprocess.run(argv, cwd=REPO, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, timeout=900)
         res = {}

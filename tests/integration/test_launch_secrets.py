@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import REPO, VENV_BIN
+from conftest import REPO, BIN
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
@@ -20,7 +20,7 @@ def test_vaulted_secret_reaches_every_node_and_nothing_else(cluster, tmp_path):
     pw.write_text("trainyard-test-vault\n")
     vars_file = tmp_path / "secrets.yml"
     vars_file.write_text(f"launch_secret_env:\n  HF_TOKEN: {SECRET}\n")
-    subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(pw), str(vars_file)],
+    subprocess.run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(pw), str(vars_file)],
                    check=True, cwd=REPO, capture_output=True)
     assert SECRET not in vars_file.read_text()
     extra = ["-v", "--vault-password-file", str(pw), "-e", f"@{vars_file}", "-e", f"cluster_run_dir={tmp_path}/run",

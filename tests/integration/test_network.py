@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, VENV_BIN, ansible_env, parse_recap, run_playbook
+from conftest import REPO, BIN, ansible_env, parse_recap, run_playbook
 
 PLAYBOOK = "tests/integration/playbooks/network.yml"
 PORT = 39500
@@ -336,7 +336,7 @@ def test_the_probe_listener_ends_itself_when_nobody_stops_it(aligned):
     """What keeps the port free when a play dies between `listen` and `stop`: the listener's own deadline."""
     cluster = aligned
     head = cluster.head
-    out = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(cluster.inventory), head, "-m", "port_check", "-a",
+    out = subprocess.run([str(BIN / "ansible"), "-i", str(cluster.inventory), head, "-m", "port_check", "-a",
                           f"mode=listen address={cluster.data[head]} port={PORT} listen_seconds=3"],
                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and '"listening": true' in out.stdout, out.stdout + out.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SIM, VENV_BIN, ansible_env, parse_recap, run_playbook
+from conftest import REPO, SIM, BIN, ansible_env, parse_recap, run_playbook
 
 OVERLAY_MTU = 1450
 
@@ -52,7 +52,7 @@ def test_site_runs_the_job_on_the_overlay_then_reset(rented):
     bridge = dict(zip(nodes, rented["inet"]))
 
     # The inventory, from the provider's JSON: mapped SSH ports, overlay addresses, ranks by label.
-    listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inv), "--list"], cwd=REPO,
+    listed = subprocess.run([str(BIN / "ansible-inventory"), "-i", str(inv), "--list"], cwd=REPO,
                             env=ansible_env(), capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     data = json.loads(listed.stdout)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, parse_recap, run_playbook
+from conftest import BIN, REPO, parse_recap, run_playbook
 
 STATE_ROOT = "/var/lib/trainyard"
 PORT = 39500
@@ -106,7 +106,7 @@ def start_decoy(cluster, node):
 def job_reset_adhoc(cluster, limit=None, check=False, extra=None):
     args = {"job": "train", "state_root": STATE_ROOT, "port": PORT, "stop_timeout": 5}
     args.update(extra or {})
-    argv = [str(REPO / ".venv/bin/ansible"), "trainers", "-i", str(cluster.inventory), "-m", "job_reset",
+    argv = [str(BIN / "ansible"), "trainers", "-i", str(cluster.inventory), "-m", "job_reset",
             "-a", json.dumps(args), "-o"] + (["--check"] if check else []) + (["--limit", limit] if limit else [])
     import subprocess
     from conftest import ansible_env

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import VENV_BIN, ansible_env
+from conftest import BIN, REPO, ansible_env
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
@@ -51,11 +51,11 @@ def in_container(cluster, node, script):
 
 def module(cluster, node, args):
     """torchrun_launch run ad hoc on one node (real Ansible over SSH); the module's result."""
-    r = subprocess.run([str(VENV_BIN / "ansible"), node, "-i", str(cluster.inventory), "-m", "torchrun_launch",
+    r = subprocess.run([str(BIN / "ansible"), node, "-i", str(cluster.inventory), "-m", "torchrun_launch",
                         "-a", json.dumps(args)],
                        env=ansible_env({"ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
                                         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}),
-                       capture_output=True, text=True, timeout=300, cwd=str(VENV_BIN.parent.parent))
+                       capture_output=True, text=True, timeout=300, cwd=str(REPO))
     out, _ = json.JSONDecoder().raw_decode(r.stdout[r.stdout.index("{"):])
     return out["plays"][0]["tasks"][0]["hosts"][node]
 

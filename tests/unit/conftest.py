@@ -1,18 +1,25 @@
-"""Unit tests import the project's Python (module_utils/, filter_plugins/, action_plugins/) by path."""
+"""Unit tests find the project's code the way ansible-playbook does (docs/architecture.md "Shared code"):
+
+* shared Python through the collection loader, as ``ansible_collections.trainyard.core.plugins.module_utils.<name>``
+  (modules and controller) and ``...plugins.plugin_utils.<name>`` (controller only), from ``collections/``;
+* modules and plugins by their file path (``load``), as Ansible's plugin loader reads them;
+* the toolchain (ansible, ansible-playbook) beside the Python that runs the tests (``BIN``).
+"""
 
 import importlib.util
 import sys
 from pathlib import Path
 
+from ansible.plugins.loader import init_plugin_loader
+
 REPO = Path(__file__).resolve().parents[2]
-for sub in ("module_utils", "filter_plugins", "tests/sim"):
-    p = str(REPO / sub)
-    if p not in sys.path:
-        sys.path.insert(0, p)
+BIN = Path(sys.executable).parent
+COLLECTIONS = REPO / "collections"
+init_plugin_loader([str(COLLECTIONS)])
 
 
 def load(relpath: str, name: str | None = None):
-    """Import a file of the repo as a module (for plugins whose directories are not packages)."""
+    """Import a file of the repo as a module (modules and plugins: their directories are not packages)."""
     path = REPO / relpath
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
@@ -28,7 +35,7 @@ def adhoc(module: str, args: dict, *flags: str) -> dict:
 
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    p = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+    p = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
                         "-e", f"ansible_python_interpreter={sys.executable}", "-m", module, "-a", json.dumps(args),
                         *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     # The JSON document sits between the project's profile callback's timing lines.

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import BIN, REPO
+
 PLAYBOOK = REPO / "tests/integration/playbooks/render.yml"
 
 
@@ -30,7 +32,7 @@ class LocalCluster:
                                   "data_address": f"172.29.5.{11 + rank}"},
                 **((hostvars or {}).get(h, {})),
             }
-        allvars = {"ansible_connection": "local", "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
+        allvars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                    "cluster_job_name": "train", "cluster_data_iface": "eth1", "cluster_code_dir": str(root / "code"),
                    "cluster_output_root": str(root / "outputs"), "cluster_shared_root": str(root / "shared"),
                    "deepspeed_config_validate_cache": str(root / "dscache")}
@@ -49,8 +51,8 @@ class LocalCluster:
         evars.update(extra or {})
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_CACHE_PLUGIN_CONNECTION=str(self.root / "facts"),
-                   PATH=f"{REPO / '.venv/bin'}:{os.environ.get('PATH', '')}")
-        argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(self.inventory), str(PLAYBOOK),
+                   PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+        argv = [str(BIN / "ansible-playbook"), "-i", str(self.inventory), str(PLAYBOOK),
                 "-e", json.dumps(evars), *(["--check"] if check else []), *args]
         proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=600)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import posixpath
-import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cluster_model as cm
-import nvidia_smi as ns
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi as ns
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import load
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -24,8 +23,6 @@ STATE_KEYS = ["job", "pid", "pgid", "start_ticks", "command", "log", "sidecars",
 
 
 def job_reset():
-    import procgroup
-    sys.modules.setdefault("ansible.module_utils.procgroup", procgroup)
     return load("library/job_reset.py", "job_reset_props")
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import ds_config
-import nccl_vars as nv
-import render
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from ansible_collections.trainyard.core.plugins.module_utils import launcher
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import REPO, load
+
+render = load("filter_plugins/render.py")
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_byo")
 bench = load("roles/nccl_check/files/allreduce_bench.py", "allreduce_bench_byo")
@@ -212,10 +214,7 @@ def test_documented_cloud_settings_are_accepted_and_round_trip(documented, tmp_p
     path.write_text("# comment\n" + "".join(f"{k}={v}\n" for k, v in flat.items()))
     read, problems = tr.parse_env_file(path.read_text(), str(path))
     assert problems == [] and read == env
-    ns = {}
-    exec(compile(tr.LAUNCHER_SOURCE.split("\ndef leftovers")[0].split("\ndef env_file")[1].join(
-        ["import os\ndef env_file", ""]), "launcher", "exec"), ns)
-    assert ns["env_file"](str(path)) == env
+    assert launcher.env_file(str(path)) == env
     assert bench.load_env_file(str(path)) == env
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, load
+from conftest import load
 
-import checkpoints as ck
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 
 bt = load("tests/data/checkpoints/build_tree.py", "build_tree")
-SCRIPT = REPO / "module_utils" / "checkpoints.py"
+SCRIPT = Path(ck.__file__)
 
 KEPT_NAMES = {"adapter_config.json", "adapter_model.safetensors", "README.md", "rng_state_0.pth",
               "rng_state_1.pth", "scheduler.pt", "trainer_state.json", "training_args.bin"}

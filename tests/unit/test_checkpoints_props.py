@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import checkpoints as ck
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 
 FILE_NAMES = ["adapter_model.safetensors", "adapter_config.json", "adapter_model.bin", "optimizer.pt",
               "model.safetensors", "model-00001-of-00002.safetensors", "pytorch_model.bin", "scheduler.pt",

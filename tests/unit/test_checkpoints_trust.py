@@ -16,12 +16,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, load
+from conftest import load
 
-import checkpoints as ck
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 
 bt = load("tests/data/checkpoints/build_tree.py", "build_tree")
-SCRIPT = REPO / "module_utils" / "checkpoints.py"
+SCRIPT = Path(ck.__file__)
 
 
 def trainer_state(step: int, entries: int, best: str | None) -> str:

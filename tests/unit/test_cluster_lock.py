@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import cluster_lock as lk
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
 from conftest import adhoc
 
 HERE = "ctl1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-import cluster_model as cm
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
 
 
 def hv(n: int, **extra) -> tuple[list[str], dict]:
@@ -73,3 +73,14 @@ def test_any_permutation_of_ranks_is_honoured(perm):
                                      ("224.0.0.1", False), ("-x", False)])
 def test_address_problem(text, ok):
     assert (cm.address_problem(text) is None) is ok
+
+
+def test_validation_refuses_every_interface_the_nodes_never_pick():
+    """One deny list (module_utils/netcheck.py): what the node side never picks, the validation play refuses."""
+    from ansible_collections.trainyard.core.plugins.module_utils import netcheck as nc
+
+    names = list(nc.EXCLUDED_EXACT) + [prefix + "0" for prefix in nc.EXCLUDED_PREFIXES]
+    assert "nodelocaldns0" in names and "vnet0" in names
+    for name in names:
+        assert nc.excluded_reason(name) and cm.bad_iface(name), name
+    assert cm.bad_iface("ens5") is None and nc.excluded_reason("ens5") is None

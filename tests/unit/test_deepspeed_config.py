@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load
+from conftest import COLLECTIONS, REPO, load
 from render_local import LocalCluster, recap_changed
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_plugin")
@@ -98,7 +98,7 @@ def _deepspeed_direct(path):
             "print(json.dumps({'stage':x.zero_optimization_stage,'offload_param':bool(x.zero_config.offload_param),"
             "'gather':x.zero_config.gather_16bit_weights_on_model_save,'bf16':x.bfloat16_config.enabled,"
             "'clip':x.gradient_clipping,'leaf':list(x.zero_config.leaf_module.classes)}))")
-    env = dict(os.environ, TORCH_CUDA_ARCH_LIST="9.0")
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST="9.0", PYTHONPATH=str(COLLECTIONS))
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import gpu_health as gh
+from ansible_collections.trainyard.core.plugins.module_utils import gpu_health as gh
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "tests/data/kernel-log"

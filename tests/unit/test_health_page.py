@@ -6,7 +6,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from health_page import drift_table, heat_color, node_check_matrix, pairwise_matrices, rank_map, render
+from conftest import load
+
+_page = load("filter_plugins/health_page.py")
+drift_table, heat_color, node_check_matrix = _page.drift_table, _page.heat_color, _page.node_check_matrix
+pairwise_matrices, rank_map, render = _page.pairwise_matrices, _page.rank_map, _page.render
 
 
 def _report():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import job_collect as jc
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import job_collect as jc
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import adhoc
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, load
+from conftest import BIN, REPO, load
 
 jr = None
 
@@ -25,8 +25,6 @@ jr = None
 def _load():
     global jr
     if jr is None:
-        import procgroup
-        sys.modules.setdefault("ansible.module_utils.procgroup", procgroup)
         jr = load("library/job_reset.py", "job_reset_mod")
     return jr
 
@@ -114,7 +112,7 @@ def alive(pid):
 
 
 def run_module(args: dict, check=False):
-    argv = [str(REPO / ".venv/bin/ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "job_reset",
+    argv = [str(BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "job_reset",
             "-a", json.dumps(args), "-o"] + (["--check"] if check else [])
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)

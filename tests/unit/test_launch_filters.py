@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import REPO, load
 
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 lf = load("roles/launch/filter_plugins/launch_filters.py", "launch_filters")
 DATA = REPO / "tests/data/torchrun"

@@ -3,7 +3,7 @@ node): every profile's file parsed, typos rejected with the nearest name, the ac
 
 import pytest
 
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from render_local import LocalCluster, recap_changed
 
 COMMON = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "MASTER_ADDR": "172.29.5.11", "MASTER_PORT": "39500",

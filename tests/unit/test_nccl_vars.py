@@ -1,9 +1,11 @@
-"""Pure helpers of role nccl_env (module_utils/nccl_vars.py) and the render filters."""
+"""Pure helpers of role nccl_env (plugin_utils/nccl_vars.py) and the render filters."""
 
 import pytest
 
-import nccl_vars as nv
-import render
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from conftest import load
+
+render = load("filter_plugins/render.py")
 
 
 @pytest.mark.parametrize("typo,nearest", [

@@ -13,15 +13,9 @@ import time
 
 import pytest
 
-import netcheck
-import procgroup
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup
 from conftest import load
 
-# The modules import their shared code as ansible.module_utils.netcheck (AnsiballZ bundles it on the node).
-import ansible.module_utils  # noqa: E402
-
-sys.modules.setdefault("ansible.module_utils.netcheck", netcheck)
-sys.modules.setdefault("ansible.module_utils.procgroup", procgroup)
 port_check = load("library/port_check.py", "port_check_mod")
 filters = load("roles/network/filter_plugins/network_filters.py", "network_filters")
 
@@ -35,8 +29,7 @@ def free_port() -> int:
 
 
 def gone(pid: int, ticks: int) -> bool:
-    st = port_check.proc_stat(pid)
-    return st is None or st["start_ticks"] != ticks or st["state"] == "Z"
+    return not procgroup.running([(pid, ticks)])
 
 
 def test_listener_accepts_then_is_stopped_and_the_port_is_free_again():
@@ -49,7 +42,7 @@ def test_listener_accepts_then_is_stopped_and_the_port_is_free_again():
         assert verdict["state"] == "other" and holders[0]["pid"] == lst["pid"]
         assert port_check.connect("127.0.0.1", port, 2.0)[0] == "ok"
     finally:
-        assert port_check.terminate(lst["pid"], lst["start_ticks"], 2.0)
+        assert port_check.stop([(lst["pid"], lst["start_ticks"])], 2.0) == [lst["pid"]]
     deadline = time.time() + 5
     while not gone(lst["pid"], lst["start_ticks"]) and time.time() < deadline:
         time.sleep(0.05)
@@ -74,9 +67,46 @@ def test_listener_reports_an_address_that_is_not_ours():
     assert not lst["listening"] and "cannot listen" in lst["reason"]
 
 
-def test_terminate_refuses_a_pid_whose_start_time_differs():
-    st = port_check.proc_stat(os.getpid())
-    assert not port_check.terminate(os.getpid(), st["start_ticks"] + 1, 0.1)
+def test_stop_refuses_a_pid_whose_start_time_differs():
+    assert port_check.stop([(os.getpid(), procgroup.start_ticks(os.getpid()) + 1)], 0.1) == []
+
+
+def _holder(port, env):
+    """A process that holds port (listening) until it is stopped; started once the port is bound."""
+    code = ("import socket,sys,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            "s.bind(('127.0.0.1',int(sys.argv[1])));s.listen();print('up',flush=True);time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def test_stop_job_holders_stops_the_crashed_jobs_leftover_and_leaves_a_stranger(tmp_path):
+    """reset's mode: a leftover of this job (its launcher gone, the launch token in its environment) holding the
+    port is stopped through procgroup; a process outside the job holding it is reported and left running."""
+    from conftest import adhoc
+
+    state = tmp_path / "launch.json"
+    # The recorded launcher is gone (no such PID); the job started before the leftover did.
+    state.write_text(json.dumps({"pid": 4194303, "pgid": 4194303, "start_ticks": procgroup.start_ticks(os.getpid()),
+                                 "token": "tok-port"}))
+    port = free_port()
+    leftover = _holder(port, dict(os.environ, **{procgroup.TOKEN_ENV: "tok-port"}))
+    try:
+        res = adhoc("port_check", {"mode": "stop_job_holders", "port": port, "state_file": str(state), "grace": 2})
+        assert res["changed"] and res["stopped"] == [leftover.pid], res
+        assert leftover.wait(timeout=10) != 0 and res["verdict"]["state"] == "free"
+    finally:
+        leftover.kill()
+        leftover.wait()
+    port = free_port()
+    stranger = _holder(port, {k: v for k, v in os.environ.items() if k != procgroup.TOKEN_ENV})
+    try:
+        res = adhoc("port_check", {"mode": "stop_job_holders", "port": port, "state_file": str(state), "grace": 2})
+        assert not res["changed"] and res["stopped"] == [] and res["verdict"]["state"] == "other", res
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_holder_of_our_own_socket_and_ownership_by_state_file(tmp_path):
@@ -89,12 +119,11 @@ def test_holder_of_our_own_socket_and_ownership_by_state_file(tmp_path):
         holders, verdict, _ = port_check.inspect(port, "")
         assert holders[0]["pid"] == os.getpid() and verdict["state"] == "other"
         assert "pytest" in holders[0]["command"] or "python" in holders[0]["command"]
-        me = port_check.proc_stat(os.getpid())
+        me = procgroup.read_stat(os.getpid())
         state = tmp_path / "launch.json"
-        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"], me["start_ticks"]))
+        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me.pgrp, me.start_ticks))
         assert port_check.inspect(port, str(state))[1]["state"] == "running"  # held by the live job itself
-        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me["pgrp"],
-                                                                         me["start_ticks"] - 1))
+        state.write_text('{"pid": %d, "pgid": %d, "start_ticks": %d}' % (os.getpid(), me.pgrp, me.start_ticks - 1))
         assert port_check.inspect(port, str(state))[1]["state"] == "other"  # PID reuse guard
     finally:
         srv.close()

@@ -9,7 +9,7 @@ import socket
 import pytest
 from hypothesis import given, strategies as st
 
-import netcheck as nc
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck as nc
 
 
 def link(name, mtu=9000, ipv4=(), flags=("BROADCAST", "MULTICAST", "UP", "LOWER_UP"), operstate="UP", kind=""):
@@ -288,27 +288,6 @@ def test_socket_inode():
 
 # --------------------------------------------------------------------------- ownership
 
-STATS = {
-    100: {"pgrp": 100, "session": 100, "ppid": 1, "start_ticks": 5000},     # torchrun agent (leader)
-    101: {"pgrp": 100, "session": 100, "ppid": 100, "start_ticks": 5001},   # same group
-    102: {"pgrp": 102, "session": 102, "ppid": 100, "start_ticks": 5002},   # worker in its own session
-    103: {"pgrp": 103, "session": 103, "ppid": 102, "start_ticks": 5003},   # grandchild
-    200: {"pgrp": 200, "session": 200, "ppid": 1, "start_ticks": 100},      # unrelated
-    300: {"pgrp": 300, "session": 300, "ppid": 1, "start_ticks": 6000},    # janitor sidecar
-}
-STATE = {"pid": 100, "pgid": 100, "start_ticks": 5000, "sidecars": [{"pid": 300, "pgid": 300, "start_ticks": 6000}]}
-
-
-def test_job_pids_follow_group_descendants_and_sidecars():
-    assert nc.job_pids(STATE, STATS) == {100, 101, 102, 103, 300}
-    assert nc.job_pids(None, STATS) == set()
-
-
-def test_reused_leader_pid_is_not_ours():
-    reused = dict(STATE, start_ticks=4000, sidecars=[])
-    assert nc.job_pids(reused, STATS) == set()
-
-
 def test_port_verdicts():
     assert nc.port_verdict(39500, [], set())["state"] == "free"
     ours = nc.port_verdict(39500, [{"pid": 102, "command": "torchrun", "local": "0.0.0.0:39500"}], {102})
@@ -370,16 +349,6 @@ def test_port_held_by_the_live_job_passes_and_by_its_leftovers_asks_for_reset():
     # a live job does not excuse a foreign holder
     mixed = holder + [{"pid": 300, "command": "nc -l", "local": "0.0.0.0:39500"}]
     assert nc.port_verdict(39500, mixed, {102}, live=True)["state"] == "other"
-
-
-def test_job_alive_needs_the_same_leader_start_time_and_no_zombie():
-    state = {"pid": 100, "start_ticks": 5000}
-    assert nc.job_alive(state, {100: {"start_ticks": 5000, "state": "S"}})
-    assert not nc.job_alive(state, {100: {"start_ticks": 7000, "state": "S"}})  # PID reused
-    assert not nc.job_alive(state, {100: {"start_ticks": 5000, "state": "Z"}})
-    assert not nc.job_alive(state, {})
-    assert not nc.job_alive(None, {100: {"start_ticks": 5000, "state": "S"}})
-    assert not nc.job_alive({"pid": "x"}, {})
 
 
 # A rented container (vast.ai's layout): eth0 the overlay (10.0.0.x/24, MTU 1450), eth1 the internet bridge

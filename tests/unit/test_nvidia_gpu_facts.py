@@ -4,12 +4,12 @@ import json
 import os
 import socket
 import subprocess
-from pathlib import Path
+import sys
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE = REPO / ".venv/bin/ansible"
+from conftest import BIN, REPO
+ANSIBLE = BIN / "ansible"
 
 
 def run_module(tmp_path, args="", faults=(), path_extra=True, check=False):
@@ -21,7 +21,7 @@ def run_module(tmp_path, args="", faults=(), path_extra=True, check=False):
                TRAINYARD_STANDIN_FAULT=str(fault), TRAINYARD_STANDIN_HOST="n1",
                PATH=(f"{REPO / 'tests/sim/standin'}:" if path_extra else "") + "/usr/bin:/bin")
     argv = [str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-m", "nvidia_gpu_facts", "-a", args,
-            "-e", "ansible_python_interpreter=" + str(REPO / ".venv/bin/python")]
+            "-e", "ansible_python_interpreter=" + sys.executable]
     if check:
         argv.append("--check")
     r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

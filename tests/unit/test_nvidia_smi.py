@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import nvidia_smi as ns
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi as ns
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 REAL = DATA / "h200x4"

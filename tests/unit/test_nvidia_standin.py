@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import nvidia_smi as ns
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi as ns
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests/sim/standin"

@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-import procgroup as pg
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 
 def wait_for(pred, timeout=10.0, step=0.05):
@@ -87,6 +89,32 @@ def test_select_job_reused_leader_pid_is_not_ours():
     stats.append(S(12, 1, 12, 12, 600))
     env = {12: {pg.TOKEN_ENV: "tok"}}
     assert [s.pid for s in pg.select_job(stats, 10, 500, "tok", env.get)] == [12]
+
+
+def test_recorded_job_follows_group_descendants_token_and_sidecars():
+    """The processes of the job launch.json records, as reset.yml and the port check both select them."""
+    stats = [S(100, 1, 100, 100, 5000),     # torchrun's launcher (leader)
+             S(101, 100, 100, 100, 5001),   # same group
+             S(102, 100, 102, 102, 5002),   # worker in its own session
+             S(103, 102, 103, 103, 5003),   # grandchild
+             S(104, 1, 100, 100, 5004),     # reparented, still in the leader's group
+             S(105, 1, 105, 105, 5005),     # orphan carrying the token
+             S(200, 1, 200, 200, 100),      # unrelated, older
+             S(300, 1, 300, 300, 6000)]     # janitor sidecar
+    state = {"pid": 100, "pgid": 100, "start_ticks": 5000, "token": "tok",
+             "sidecars": [{"pid": 300, "pgid": 300, "start_ticks": 6000}]}
+    env = {105: {pg.TOKEN_ENV: "tok"}, 200: {pg.TOKEN_ENV: "tok"}}
+    assert [s.pid for s in pg.recorded_job(state, stats, env.get)] == [100, 101, 102, 103, 104, 105, 300]
+    assert pg.recorded_job(None, stats, env.get) == []
+    reused = dict(state, start_ticks=4000, sidecars=[], token=None)  # the leader's PID now names another process
+    assert [s.pid for s in pg.recorded_job(reused, stats, env.get)] == []
+
+
+def test_recorded_alive_needs_the_same_leader_start_time():
+    me = {"pid": os.getpid(), "start_ticks": pg.start_ticks(os.getpid())}
+    assert pg.recorded_alive(me)
+    assert not pg.recorded_alive(dict(me, start_ticks=me["start_ticks"] + 1))  # PID reused
+    assert not pg.recorded_alive(None) and not pg.recorded_alive({"pid": "x"}) and not pg.recorded_alive({})
 
 
 def test_descendants():
@@ -168,7 +196,7 @@ def test_start_detached_runs_in_its_own_session(tmp_path):
 
 def run_launcher(tmp_path, argv, env=None, env_files=(), token=None, chdir=""):
     launcher = tmp_path / tr.LAUNCHER_FILE
-    launcher.write_text(tr.LAUNCHER_SOURCE)
+    launcher.write_text(Path(launcher_script.__file__).read_text())
     token = token or uuid.uuid4().hex
     spec = {"name": "job", "argv": argv, "env": env or {}, "env_files": list(env_files), "log": str(tmp_path / "j.log"),
             "chdir": chdir, "token": token, "pid_file": str(tmp_path / "pid.json"),

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import BIN, REPO
 
-VENV_BIN = REPO / ".venv" / "bin"
+BIN = BIN
 SECRET = "hf_s3cr3t-Val9e-never-printed"
 OTHER = "pw-0th3r-never-printed"
 ENTRY = textwrap.dedent("""
@@ -24,7 +24,7 @@ ENTRY = textwrap.dedent("""
     print("trainyard: first step done", flush=True)
 """)
 
-pytestmark = pytest.mark.skipif(not (VENV_BIN / "torchrun").exists(), reason="needs the controller venv (make venv)")
+pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="needs the controller venv (make venv)")
 
 
 def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.CompletedProcess, dict]:
@@ -32,7 +32,7 @@ def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.Com
     entry.write_text(ENTRY)
     args = {"job": "secretjob", "state_root": str(tmp_path / "state"), "nnodes": 1, "nproc_per_node": 1,
             "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29000 + os.getpid() % 5000,
-            "torchrun": [str(VENV_BIN / "torchrun")], "entrypoint": str(entry), "args": [str(tmp_path / "seen")],
+            "torchrun": [str(BIN / "torchrun")], "entrypoint": str(entry), "args": [str(tmp_path / "seen")],
             "env": {"OMP_NUM_THREADS": "1"}, "wait_for": "first_step", "wait_timeout": 120, "stop_timeout": 5}
     args.update(module_args)
     pb = tmp_path / "pb.yml"
@@ -41,8 +41,8 @@ def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.Com
         {"ansible.builtin.copy": {"content": "{{ r | to_json }}", "dest": str(tmp_path / "result.json"),
                                   "mode": "0600"}}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
-    p = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-v", "-i", "localhost,", "-c", "local",
+               PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    p = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", "localhost,", "-c", "local",
                         "-e", f"ansible_python_interpreter={sys.executable}", str(pb), *extra],
                        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     res = json.loads((tmp_path / "result.json").read_text()) if (tmp_path / "result.json").exists() else {}

@@ -14,8 +14,8 @@ import yaml
 
 from conftest import REPO
 
-import procgroup as pg
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 
 def test_the_container_mounts_only_the_jobs_read_only_and_writable_parts_never_the_host_only_state():

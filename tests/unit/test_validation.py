@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cluster_model as cm
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
 from conftest import REPO
 
 ROLES = cm.load_role_specs(REPO / "roles")
@@ -19,7 +19,7 @@ def run(hostvars: dict, groups: dict | None = None, lenient: dict | None = None,
     groups = groups if groups is not None else {"all": list(hostvars), "trainers": list(hostvars)}
     return cm.validate(groups, hostvars, roles=ROLES if roles is None else roles, defaults=CLUSTER_DEFAULTS,
                        removed=VARS["_cluster_removed_vars"], reserved=VARS["_cluster_reserved_facts"],
-                       lenient=lenient, bad_iface_patterns=VARS["_cluster_bad_iface_patterns"])
+                       lenient=lenient)
 
 
 def three(**common) -> dict:

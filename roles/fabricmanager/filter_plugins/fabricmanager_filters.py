@@ -6,13 +6,7 @@ The logic is in module_utils/nvidia_smi.py (pure, unit-tested in tests/unit/test
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_SPEC = importlib.util.spec_from_file_location(
-    "trainyard_nvidia_smi", Path(__file__).resolve().parents[3] / "module_utils" / "nvidia_smi.py")
-nvidia_smi = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(nvidia_smi)
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
 
 
 def fabricmanager_records(facts, host, opts):

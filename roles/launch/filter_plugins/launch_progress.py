@@ -5,13 +5,7 @@ this file hands it the play's host variables (tests/unit/test_launch_progress.py
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_SPEC = importlib.util.spec_from_file_location(
-    "trainyard_job_collect", Path(__file__).resolve().parents[3] / "module_utils" / "job_collect.py")
-job_collect = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(job_collect)
+from ansible_collections.trainyard.core.plugins.module_utils import job_collect
 
 
 def _res(hostvars, host, key):

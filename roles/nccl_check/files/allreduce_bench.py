@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cpu")
         dtype = torch.float32
     dist.init_process_group(backend=backend)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     numel = int(args.size_mb * 1024 * 1024) // torch.tensor([], dtype=dtype).element_size()
     buf = torch.ones(numel, dtype=dtype, device=device)
     nbytes = buf.numel() * buf.element_size()

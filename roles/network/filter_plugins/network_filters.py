@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))), "module_utils"))
-import netcheck  # noqa: E402  (module_utils/ of this repository, found through the path above)
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck
 
 
 def network_uniformity(hostvars, hosts):

@@ -7,17 +7,7 @@ only hands it the play's host variables.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_SPEC = importlib.util.spec_from_file_location(
-    "trainyard_nvidia_smi", Path(__file__).resolve().parents[3] / "module_utils" / "nvidia_smi.py")
-nvidia_smi = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(nvidia_smi)
-_HSPEC = importlib.util.spec_from_file_location(
-    "trainyard_gpu_health", Path(__file__).resolve().parents[3] / "module_utils" / "gpu_health.py")
-gpu_health = importlib.util.module_from_spec(_HSPEC)
-_HSPEC.loader.exec_module(gpu_health)
+from ansible_collections.trainyard.core.plugins.module_utils import gpu_health, nvidia_smi
 
 
 def _facts_of(hosts, hostvars) -> dict:

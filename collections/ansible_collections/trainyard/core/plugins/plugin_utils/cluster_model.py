@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import EXCLUDED_EXACT, EXCLUDED_PREFIXES
+
 TRAINERS = "trainers"
 KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "container_", "nccl_env_",
                   "deepspeed_config_", "train_args_", "launch_", "janitor_")
@@ -35,9 +37,8 @@ KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "c
 PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface", "cluster_output_root", "cluster_state_dir"})
 MTU_RANGE = (1280, 9216)
 PORT_RANGE = (1024, 65535)
-BAD_IFACE_PATTERNS = (r"lo", r"docker.*", r"veth.*", r"br-.*", r"virbr.*", r"cni.*", r"flannel.*", r"cali.*",
-                      r"vxlan.*", r"tunl.*", r"kube-.*", r"weave.*", r"lxcbr.*", r"lxdbr.*", r"podman.*",
-                      r"cilium.*", r"genev_sys.*", r"vnet.*")
+# Interface names (regular expressions, full match) never the data interface: module_utils/netcheck.py's list.
+BAD_IFACE_PATTERNS = tuple(EXCLUDED_EXACT) + tuple(prefix + ".*" for prefix in EXCLUDED_PREFIXES)
 PATH_VARS = ("cluster_output_root", "cluster_shared_root", "cluster_code_dir", "cluster_state_dir")
 # Every variable whose name ends like this holds a path (a value, or a list of them for *_files); container mount
 # sources too. Each is normalised and checked against DENIED_ROOTS (the directory itself, not what lies below).

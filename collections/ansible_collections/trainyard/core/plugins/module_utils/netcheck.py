@@ -13,11 +13,12 @@ import errno
 import fnmatch
 import re
 
-# Interfaces NCCL/gloo must never be given: loopback, container/VM bridges and their veth ends, overlay
-# networks of container orchestrators. Matched on the name (in a container every NIC is a veth by kind).
+# Interfaces NCCL/gloo must never be given: loopback, container/VM bridges and their veth ends, VM taps, overlay
+# networks of container orchestrators. Matched on the name (in a container every NIC is a veth by kind). The one
+# list: the validation play's check of cluster_data_iface reads it too (plugin_utils/cluster_model.py).
 EXCLUDED_EXACT = ("lo",)
 EXCLUDED_PREFIXES = ("docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "cilium", "weave", "kube-",
-                     "podman", "lxcbr", "lxdbr", "vxlan", "tunl", "genev", "nodelocaldns")
+                     "podman", "lxcbr", "lxdbr", "vxlan", "tunl", "genev", "nodelocaldns", "vnet")
 
 # IPv4 (20) + ICMP (8) header bytes: the largest don't-fragment ICMP payload on an MTU of N is N - 28.
 ICMP_OVERHEAD = 28
@@ -542,60 +543,12 @@ def socket_inode(link_target):
     return int(m.group(1)) if m else None
 
 
-def job_pids(state, stats):
-    """PIDs that belong to the job recorded in the launch state file.
-
-    ``state``: parsed launch.json (may be None); ``stats``: {pid: {pgrp, session, start_ticks, ppid}}.
-    The leader counts only when its start time matches (PID reuse); members are the leader's process
-    group, its descendants, and the sidecars' verified groups."""
-    if not state:
-        return set()
-    owners = []
-    for entry in [state] + list(state.get("sidecars") or []):
-        try:
-            pid, pgid, ticks = int(entry["pid"]), int(entry.get("pgid") or entry["pid"]), int(entry["start_ticks"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        owners.append((pid, pgid, ticks))
-    mine = set()
-    for pid, pgid, ticks in owners:
-        leader = stats.get(pid)
-        leader_ok = leader is not None and int(leader.get("start_ticks", -1)) == ticks
-        for p, st in stats.items():
-            if int(st.get("start_ticks", 0)) < ticks:
-                continue
-            if (p == pid and leader_ok) or (leader_ok and int(st.get("pgrp", -1)) == pgid):
-                mine.add(p)
-        if leader_ok:
-            # descendants of the verified leader (workers in sessions of their own)
-            frontier = {pid}
-            while frontier:
-                children = {p for p, st in stats.items()
-                            if int(st.get("ppid", -1)) in frontier and p not in mine
-                            and int(st.get("start_ticks", 0)) >= ticks}
-                mine |= children
-                frontier = children
-    return mine
-
-
-def job_alive(state, stats):
-    """Whether the job's recorded leader (the launcher of torchrun) still runs: same PID, same start time, not a
-    zombie. A port held by a live job is that job at work; held after its leader died, it is a leftover."""
-    if not state:
-        return False
-    try:
-        pid, ticks = int(state["pid"]), int(state["start_ticks"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    st = stats.get(pid)
-    return st is not None and int(st.get("start_ticks", -1)) == ticks and st.get("state") != "Z"
-
-
 def port_verdict(port, holders, ours, fix_reset="ansible-playbook reset.yml -e reset_confirm=true", live=False):
     """Decide the rendezvous port check on the head.
 
     ``holders``: [{pid, command, local, state}] (pid None when no process could be mapped); ``ours``: set
-    of PIDs of this tool's job; ``live``: that job's leader still runs (job_alive). Returns {state:
+    of PIDs of this tool's job (procgroup.recorded_job); ``live``: that job's leader still runs
+    (procgroup.recorded_alive). Returns {state:
     free|running|ours|other, ok, detail, fix}: held by the live job is its rendezvous at work (a re-run of
     site.yml leaves the job running); held by the job's leftovers after it died is what reset.yml frees."""
     if not holders:

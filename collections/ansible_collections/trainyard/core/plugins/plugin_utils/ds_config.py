@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import json
 
-import nccl_vars  # the shared "did you mean" rule (module_utils/, on the same path)
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars  # the shared "did you mean" rule
 
 # canonical DeepSpeedZeroConfig field → the other spellings DeepSpeed reads for it (first: the stage3_ alias)
 ZERO_ALIASES = {

@@ -235,6 +235,11 @@ def heartbeat_interval(stale_s):
     return max(1.0, min(30.0, float(stale_s) / 4.0))
 
 
+# Where the controller keeps a marker per ansible-playbook run that holds locks (action cluster_lock_guard writes
+# it, the callback cluster_lock removes it at exit).
+MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
+
+
 def marker_path(base, pid, ticks):
     """Controller-side file that exists while a run holds locks; its removal at exit tells the refreshers."""
     return os.path.join(base, "%d-%s.held" % (int(pid), ticks))

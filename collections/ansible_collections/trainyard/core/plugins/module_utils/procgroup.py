@@ -186,6 +186,51 @@ def select_job(stats, leader_pid, leader_ticks, token=None, environ_of=None, inc
     return sorted(result, key=lambda s: s.pid)
 
 
+def recorded_job(state, stats, environ_of=None):
+    """The processes of the job a launch state file records (launch.json: pid, start_ticks, token, pgid, and the
+    same for each sidecar): for each leader, select_job, plus the members of its process group or session while
+    that leader is still the process that started at its start_ticks. ``stats``: a list of ProcStat.
+    Returns live ProcStat objects sorted by PID."""
+    if not isinstance(state, dict):
+        return []
+    by_pid = {st.pid: st for st in stats}
+    chosen = {}
+    for entry in [state] + [sc for sc in state.get("sidecars") or [] if isinstance(sc, dict)]:
+        try:
+            pid, ticks, pgid = int(entry.get("pid") or 0), int(entry["start_ticks"]), int(entry.get("pgid") or 0)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not pid:
+            continue
+        for st in select_job(stats, pid, ticks, entry.get("token"), environ_of):
+            chosen[st.pid] = st
+        leader = by_pid.get(pid)
+        if pgid and leader is not None and leader.start_ticks == ticks and leader.state not in ("Z", "X", "x"):
+            for st in stats:
+                if (st.pgrp == pgid or st.session == pgid) and st.start_ticks >= ticks \
+                        and st.state not in ("Z", "X", "x"):
+                    chosen[st.pid] = st
+    return [chosen[p] for p in sorted(chosen)]
+
+
+def recorded_alive(state, proc=PROC):
+    """Whether the leader a launch state file records still runs (same PID, same start time, not a zombie)."""
+    try:
+        return is_alive(int(state["pid"]), int(state["start_ticks"]), proc)
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def running(targets, proc=PROC):
+    """ProcStat of each (pid, start_ticks) in targets that is still that process and not a zombie."""
+    out = []
+    for pid, ticks in targets:
+        st = read_stat(pid, proc)
+        if st is not None and st.start_ticks == int(ticks) and st.state not in ("Z", "X", "x"):
+            out.append(st)
+    return out
+
+
 def job_processes(leader_pid, leader_ticks, token=None, proc=PROC, exclude=()):
     """Live processes of one job on this machine (see select_job)."""
     env_of = (lambda pid: read_environ(pid, proc))

@@ -18,6 +18,8 @@ import os
 import re
 import stat
 
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import read_n as _read_n
+
 # ----------------------------------------------------------------------------------------- safe reads
 
 TRUNCATED_MARK = b"\n[... trainyard: %d bytes left out here; the head and the tail are kept ...]\n"
@@ -54,17 +56,6 @@ def safe_read(path, max_bytes, head_bytes=0, dir_fd=None):
         return {"data": head + (TRUNCATED_MARK % left) + tail, "size": size, "truncated": True, "skipped": ""}
     finally:
         os.close(fd)
-
-
-def _read_n(fd, n):
-    chunks, left = [], n
-    while left > 0:
-        b = os.read(fd, min(left, 1 << 20))
-        if not b:
-            break
-        chunks.append(b)
-        left -= len(b)
-    return b"".join(chunks)
 
 
 def open_dir(path, dir_fd=None):
