@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import ds_config
-import nccl_vars as nv
-import render
-import torchrun as tr
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
 from conftest import REPO, load
+
+render = load("filter_plugins/render.py", "render_byo_sources")
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_byo_sources")
 

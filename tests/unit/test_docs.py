@@ -53,7 +53,7 @@ def test_validation_reads_the_specs_as_ansible_does():
     """The validate play (libyaml) and Ansible's own entry-point check (AnsibleLoader) see the same anchored specs."""
     import yaml
     from ansible.parsing.yaml.loader import AnsibleLoader
-    from cluster_model import load_role_specs
+    from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import load_role_specs
 
     specs = load_role_specs(REPO / "roles")
     for spec_file in REPO.glob("roles/*/meta/argument_specs.yml"):
@@ -106,8 +106,9 @@ def _python_check_ids() -> dict:
     import re
 
     found: dict = {}
-    for f in sorted(p for d in ("library", "module_utils", "action_plugins", "filter_plugins", "callback_plugins",
-                                "inventory_plugins", "roles") for p in (REPO / d).rglob("*.py")):
+    dirs = ("library", "collections/ansible_collections/trainyard/core/plugins", "action_plugins", "filter_plugins",
+            "callback_plugins", "inventory_plugins", "roles")
+    for f in sorted(p for d in dirs for p in (REPO / d).rglob("*.py")):
         tree, path = ast.parse(f.read_text()), str(f.relative_to(REPO))
 
         def add(value):
