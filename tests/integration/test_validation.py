@@ -111,6 +111,11 @@ CASES = [
       "write container_engine_install: true without quotes"]),
     ("bad-choice", hosts(), gv(nccl_env_profile="rdma"), [],
      ["Stop if nccl_env_profile is not one of tcp, ib", "(nccl_env_profile = 'rdma')"]),
+    # The roles keep no assert of their own for choices and types: the spec is checked here, once.
+    ("bad-choice-debug", hosts(), gv(nccl_env_debug="LOUD"), [], ["Stop if nccl_env_debug is not one of"]),
+    ("bad-choice-deepspeed", hosts(), gv(deepspeed_config_profile="zero4"), [],
+     ["Stop if deepspeed_config_profile is not one of"]),
+    ("overrides-not-a-dict", hosts(), gv(deepspeed_config_overrides="stage3"), [], ["deepspeed_config_overrides"]),
     ("nproc-over-gpus", hosts(), gv(cluster_gpus_per_node=4, cluster_nproc_per_node=8), [],
      ["Stop if cluster_nproc_per_node is more than cluster_gpus_per_node (4)"]),
     ("cpu-without-nproc", hosts(), gv(cluster_gpus_per_node=0), [],
