@@ -1,0 +1,49 @@
+# -*- coding: utf-8 -*-
+"""Filters of playbooks/recover.yml: which checkpoint shards survive and what to copy (module_utils/recover.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _recover():
+    name = "trainyard_recover"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "module_utils" / "recover.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def shard_plan(listings, head, name, world_size, prefer=(), old_hosts=(), nproc_per_node=1):
+    """listings: {host: checkpoint_shards result}. Only the nodes that hold the head's checkpoint (same name)
+    count. Returns {missing, copy: [{rank, src, files}], on_head, world_size, message}."""
+    rc = _recover()
+    same = {h: r for h, r in (listings or {}).items()
+            if isinstance(r, dict) and r.get("name") == name and r.get("checkpoint")}
+    world = int((same.get(head, {}).get("shards") or {}).get("world_size") or world_size)
+    found = {h: [int(x) for x in (r.get("shards") or {}).get("ranks", [])] for h, r in same.items()}
+    cov = rc.shard_coverage(found, world, head, list(prefer))
+    for item in cov["copy"]:
+        files = (same[item["src"]].get("shards") or {}).get("files") or {}
+        item["files"] = list(files.get(str(item["rank"])) or files.get(item["rank"]) or [])
+    cov["world_size"] = world
+    cov["message"] = (rc.missing_message(same.get(head, {}).get("checkpoint") or name, cov["missing"], world,
+                                         list(old_hosts), nproc_per_node) if cov["missing"] else "")
+    return cov
+
+
+def shard_copies(plan):
+    """[{src, file}] of every file to copy onto the head, one item per file."""
+    return [{"src": c["src"], "file": f, "rank": c["rank"]} for c in (plan or {}).get("copy", []) for f in c["files"]]
+
+
+class FilterModule:
+    def filters(self):
+        return {"trainyard_shard_plan": shard_plan, "trainyard_shard_copies": shard_copies}
