@@ -172,3 +172,33 @@ def test_recover_plan_action_fails_with_one_line(tmp_path):
     assert "1 of 3 nodes are healthy and cluster_min_nodes is 2" in r.stdout
     assert "b (failed preflight: x.y: broken), c (unreachable: gone)" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
+
+
+# ---- bad input caught by the validation play, before any host is contacted
+def _validate(**common):
+    tv = load("tests/unit/test_validation.py", "tv_for_recover")
+    return tv.run(tv.three(**common))
+
+
+def test_min_nodes_and_elastic_size_are_checked_before_any_host():
+    assert _validate(cluster_min_nodes=2) == []
+    assert _validate(launch_rdzv_backend="c10d", launch_nnodes_min=2) == []
+    (line,) = _validate(cluster_min_nodes=4)
+    assert line.startswith("Stop if cluster_min_nodes is outside 1..3") and "(cluster_min_nodes = 4)" in line
+    (line,) = _validate(launch_nnodes_min=2)
+    assert "launch_nnodes_min is set while launch_rdzv_backend is not c10d" in line and "launch_rdzv_backend: c10d" in line
+    (line,) = _validate(launch_rdzv_backend="c10d", launch_nnodes_min=5)
+    assert "launch_nnodes_min is outside 1..3" in line
+    (line,) = _validate(launch_recover_resume="weight")
+    assert "launch_recover_resume is not one of full, weights" in line and "'weights'?" in line
+
+
+def test_elastic_mode_command_line():
+    import torchrun as tr
+    cmd = tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py", rdzv_backend="c10d", min_nnodes=2)
+    assert "--nnodes=2:4" in cmd and "--rdzv_backend=c10d" in cmd and not any(a.startswith("--node_rank") for a in cmd)
+    assert "--nnodes=4" in tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py")
+    with pytest.raises(tr.LaunchError, match="needs rdzv_backend=c10d"):
+        tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py", min_nnodes=2)
+    with pytest.raises(tr.LaunchError, match="outside 1..4"):
+        tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py", rdzv_backend="c10d", min_nnodes=5)
