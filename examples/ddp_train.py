@@ -219,16 +219,16 @@ def load_sharded(path: str, model, optimizer, weights_only: bool) -> int:
     """Every rank loads from its own node's copy: the converted checkpoint when there is one, else its own shard
     (same world size only) and the others' through an all-gather."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    uni = os.path.join(path, UNIVERSAL, "flat.pt")
+    if not weights_only and os.path.isfile(uni):  # a node that joins holds only the converted copy
+        flat = torch.load(uni, map_location="cpu")
+        set_flat_state(model, optimizer, flat["params"], flat["momentum"])
+        return int(flat["step"])
     with open(os.path.join(path, MARKER)) as f:
         state = json.load(f)
     step = int(state["global_step"])
     if weights_only:
         model.load_state_dict(torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu"))
-        return step
-    uni = os.path.join(path, UNIVERSAL, "flat.pt")
-    if os.path.isfile(uni):
-        flat = torch.load(uni, map_location="cpu")
-        set_flat_state(model, optimizer, flat["params"], flat["momentum"])
         return step
     saved = int(state.get("world_size", world))
     if saved != world:

@@ -27,8 +27,10 @@ def shard_plan(listings, head, name, world_size, prefer=(), old_hosts=(), nproc_
     rc = _recover()
     same = {h: r for h, r in (listings or {}).items()
             if isinstance(r, dict) and r.get("name") == name and r.get("checkpoint")}
-    world = int((same.get(head, {}).get("shards") or {}).get("world_size") or world_size)
     found = {h: [int(x) for x in (r.get("shards") or {}).get("ranks", [])] for h, r in same.items()}
+    # The world size that saved it: the caller's (read from the checkpoint itself), else the one the example
+    # records in its shard names. Never guessed from the ranks found: a lost node's ranks would go unnoticed.
+    world = int(world_size or (same.get(head, {}).get("shards") or {}).get("world_size") or 0)
     cov = rc.shard_coverage(found, world, head, list(prefer))
     for item in cov["copy"]:
         files = (same[item["src"]].get("shards") or {}).get("files") or {}

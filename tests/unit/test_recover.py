@@ -202,3 +202,13 @@ def test_elastic_mode_command_line():
         tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py", min_nnodes=2)
     with pytest.raises(tr.LaunchError, match="outside 1..4"):
         tr.build_command(4, 8, 0, "10.0.0.1", 39500, "train.py", rdzv_backend="c10d", min_nnodes=5)
+
+
+def test_filter_takes_the_saved_world_size_never_the_ranks_found():
+    """A lost node's ranks must not vanish: with the world size read from the checkpoint, rank 2 is missing."""
+    listing = {"n1": {"checkpoint": "/o/checkpoint-4", "name": "checkpoint-4",
+                      "shards": {"ranks": [0, 1], "world_size": None,
+                                 "files": {"0": ["global_step4/zero_pp_rank_0_mp_rank_00_model_states.pt"],
+                                           "1": ["global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"]}}}}
+    assert flt.shard_plan(listing, "n1", "checkpoint-4", 3, ["n1"], ["n1", "n2", "n3"])["missing"] == [2]
+    assert flt.shard_plan(listing, "n1", "checkpoint-4", 2, ["n1"], ["n1", "n2"])["missing"] == []
