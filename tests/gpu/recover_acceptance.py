@@ -33,7 +33,6 @@ import argparse
 import ast
 import json
 import re
-import subprocess
 import sys
 import threading
 import time

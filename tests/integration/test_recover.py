@@ -72,6 +72,12 @@ def lost(cluster):
     finally:
         subprocess.run(["docker", "start", victim], check=False, capture_output=True, timeout=120)
         wait_until(lambda: cluster.ssh(victim, ["true"], check=False).returncode == 0, 120)
+        # The node's own engine may miss its start under load (containerd timeout): start it again, as node-init does.
+        if not wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 60, 2):
+            cluster.exec(victim, ["sh", "-c", "rm -f /var/run/docker.pid; dockerd --storage-driver=overlay2 "
+                                  "--insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 "
+                                  ">>/var/log/dockerd.log 2>&1"], detach=True)
+            wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 180, 2)
         cluster.playbook(LAUNCH, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
 
 
@@ -79,7 +85,7 @@ def test_recover_continues_on_two_nodes_from_the_last_checkpoint(lost):
     cluster, victim, before = lost
     head, other = cluster.nodes[0], cluster.nodes[1]
     digest = inventory_digest(cluster)
-    r = cluster.playbook("playbooks/recover.yml", *EXTRA)
+    r = cluster.playbook("playbooks/recover.yml", *EXTRA, timeout=2400)
     out = r.stdout
     assert r.returncode == 0, out[-6000:]
     assert "Traceback" not in out
