@@ -41,6 +41,14 @@ def _reason(reach: dict, failed: dict, host: str) -> str:
     return "failed preflight: %s" % "; ".join(failed[host])
 
 
+def _short(why):
+    """The cause of an unreachable result without Ansible's wrapping ("ssh: connect to host ...: timed out")."""
+    text = str(why or "no answer").strip()
+    if "ssh: " in text:
+        text = text[text.rindex("ssh: "):]
+    return text.replace("Task failed: ", "")[:200]
+
+
 def plan_survivors(hosts_by_rank, unreachable=None, failed=None, min_nodes=1, nproc_per_node=1, master_port=39500,
                    data_addresses=None, master_addr=""):
     """The new cluster model after dropping unreachable and failing nodes.
@@ -54,7 +62,7 @@ def plan_survivors(hosts_by_rank, unreachable=None, failed=None, min_nodes=1, np
     Raises RecoverError when fewer than min_nodes survive or min_nodes is out of range.
     """
     hosts = list(hosts_by_rank)
-    unreachable = {h: str(v or "no answer") for h, v in (unreachable or {}).items() if h in hosts}
+    unreachable = {h: _short(v) for h, v in (unreachable or {}).items() if h in hosts}
     failed = {h: [str(x) for x in (v or [])] or ["a check failed"] for h, v in (failed or {}).items()
               if h in hosts and h not in unreachable}
     data_addresses = dict(data_addresses or {})

@@ -212,3 +212,10 @@ def test_filter_takes_the_saved_world_size_never_the_ranks_found():
                                            "1": ["global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"]}}}}
     assert flt.shard_plan(listing, "n1", "checkpoint-4", 3, ["n1"], ["n1", "n2", "n3"])["missing"] == [2]
     assert flt.shard_plan(listing, "n1", "checkpoint-4", 2, ["n1"], ["n1", "n2"])["missing"] == []
+
+
+def test_unreachable_reason_keeps_the_cause_only():
+    why = ('Task failed: Data could not be sent to remote host "10.0.0.3". Make sure this host can be reached over '
+           'ssh: ssh: connect to host 10.0.0.3 port 22: Connection timed out')
+    p = rc.plan_survivors(["a", "b", "c"], {"c": why}, {}, 1)
+    assert p["dropped"][0]["reason"] == "unreachable: ssh: connect to host 10.0.0.3 port 22: Connection timed out"
