@@ -22,6 +22,15 @@ What it shows the launcher:
     at the latest after the timeout) and exit instead of waiting out a long watchdog; ``@record`` puts the
     traceback into torchrun's failure report.
 
+  * ``--shard-checkpoint``: a sharded checkpoint as ZeRO saves one: SGD with momentum, the flattened weights and
+    momentum split into one shard per rank, ``shard-rank<R>-of-<W>.pt``, each written on its own node (node-local
+    output roots), ``--shard-copies 2`` also writes the next rank's shard there (a copy on a second node, so one
+    lost node loses no shard); ``pytorch_model.bin`` and the marker on every node. A resume needs every shard of
+    the same world size; at another world size it stops and asks for the conversion:
+    ``ddp_train.py --convert <checkpoint>`` merges the shards into ``<checkpoint>/universal/`` (any world size,
+    as DeepSpeed's ds_to_universal does; playbooks/recover.yml runs it). ``TRAINYARD_RESUME_MODE=weights`` resumes
+    the weights alone (fresh optimizer).
+
 The data network interface comes from GLOO_SOCKET_IFNAME (the rendered env file).
 """
 
@@ -63,6 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--work", type=int, default=0,
                    help="CPU-bound matrix products per step (simulated compute, timed per rank)")
+    p.add_argument("--shard-checkpoint", action="store_true",
+                   help="save a sharded checkpoint (one shard per rank, node-local) with SGD momentum")
+    p.add_argument("--shard-copies", type=int, default=1, choices=(1, 2),
+                   help="2: each rank also saves the next rank's shard (a copy on a second node)")
+    p.add_argument("--convert", metavar="CHECKPOINT", default="",
+                   help="merge CHECKPOINT's shards into CHECKPOINT/universal/ (loads at any world size) and exit")
     return p.parse_args(argv)
 
 
@@ -135,9 +150,103 @@ def load_checkpoint(path: str, model, optimizer) -> int:
     return int(state["global_step"])
 
 
+SHARD = "shard-rank%d-of-%d.pt"
+UNIVERSAL = "universal"
+
+
+def flat_state(model, optimizer):
+    """The weights and the momentum as two flat vectors (momentum zero before the first step)."""
+    params = list(model.parameters())
+    flat_p = torch.cat([p.detach().reshape(-1) for p in params])
+    flat_m = torch.cat([optimizer.state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
+                        for p in params])
+    return flat_p, flat_m
+
+
+def set_flat_state(model, optimizer, flat_p, flat_m) -> None:
+    i = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(flat_p[i:i + n].view_as(p))
+            optimizer.state[p]["momentum_buffer"] = flat_m[i:i + n].view_as(p).clone()
+            i += n
+
+
+def save_sharded(root: str, step: int, model, optimizer, history: list, args) -> str:
+    """Every rank writes its shard (and with --shard-copies 2 the next rank's) into its node's output root; then
+    the first rank of every node writes the weights and, last, the marker."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = os.path.join(root, "checkpoint-%d" % step)
+    os.makedirs(path, exist_ok=True)
+    flat_p, flat_m = flat_state(model, optimizer)
+    chunks_p, chunks_m = torch.tensor_split(flat_p, world), torch.tensor_split(flat_m, world)
+    for r in sorted({rank, (rank + 1) % world} if args.shard_copies == 2 else {rank}):
+        tmp = os.path.join(path, SHARD % (r, world) + ".tmp")
+        torch.save({"rank": r, "world_size": world, "step": step, "numel": flat_p.numel(),
+                    "params": chunks_p[r].clone(), "momentum": chunks_m[r].clone()}, tmp)
+        os.replace(tmp, os.path.join(path, SHARD % (r, world)))
+    dist.barrier()  # every shard of every node is on disk before any marker says the checkpoint is complete
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        torch.save(model.state_dict(), os.path.join(path, "pytorch_model.bin"))
+        atomic_json(os.path.join(path, MARKER), {"global_step": step, "max_steps": args.steps,
+                                                 "log_history": history[-20:], "best_model_checkpoint": None,
+                                                 "world_size": world, "format": "trainyard-sharded"})
+    return path
+
+
+def convert(path: str) -> int:
+    """Merge every shard of path into path/universal/ (flat weights and momentum, any world size)."""
+    with open(os.path.join(path, MARKER)) as f:
+        state = json.load(f)
+    world = int(state["world_size"])
+    missing = [r for r in range(world) if not os.path.isfile(os.path.join(path, SHARD % (r, world)))]
+    if missing:
+        log("cannot convert %s: the shards of rank(s) %s of %d are missing" % (
+            path, ", ".join(map(str, missing)), world))
+        return 2
+    shards = [torch.load(os.path.join(path, SHARD % (r, world)), map_location="cpu") for r in range(world)]
+    out = os.path.join(path, UNIVERSAL)
+    os.makedirs(out, exist_ok=True)
+    torch.save({"params": torch.cat([s["params"] for s in shards]), "momentum": torch.cat([s["momentum"] for s in shards]),
+                "step": int(state["global_step"]), "world_size": world}, os.path.join(out, "flat.pt"))
+    atomic_json(os.path.join(out, MARKER), dict(state, converted_from_world_size=world))
+    log("converted %s (%d shards) into %s" % (path, world, out))
+    return 0
+
+
+def load_sharded(path: str, model, optimizer, weights_only: bool) -> int:
+    """Every rank loads from its own node's copy: the converted checkpoint when there is one, else its own shard
+    (same world size only) and the others' through an all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    uni = os.path.join(path, UNIVERSAL, "flat.pt")
+    if not weights_only and os.path.isfile(uni):  # a node that joins holds only the converted copy
+        flat = torch.load(uni, map_location="cpu")
+        set_flat_state(model, optimizer, flat["params"], flat["momentum"])
+        return int(flat["step"])
+    with open(os.path.join(path, MARKER)) as f:
+        state = json.load(f)
+    step = int(state["global_step"])
+    if weights_only:
+        model.load_state_dict(torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu"))
+        return step
+    saved = int(state.get("world_size", world))
+    if saved != world:
+        raise SystemExit("trainyard: checkpoint %s was saved by %d ranks and this job has %d: convert it first "
+                         "(ansible-playbook playbooks/recover.yml does; or ddp_train.py --convert %s), or resume "
+                         "weights-only (TRAINYARD_RESUME_MODE=weights)" % (path, saved, world, path))
+    mine = torch.load(os.path.join(path, SHARD % (rank, world)), map_location="cpu")
+    parts: list = [None] * world
+    dist.all_gather_object(parts, (mine["params"], mine["momentum"]))
+    set_flat_state(model, optimizer, torch.cat([p for p, _ in parts]), torch.cat([m for _, m in parts]))
+    return step
+
+
 @record
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.convert:
+        return convert(args.convert)
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     log("rendezvous done rank=%d world=%d node=%s local_rank=%s gloo_socket_ifname=%s nccl_socket_ifname=%s" % (
@@ -146,13 +255,17 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(),
                                 torch.nn.Linear(args.hidden, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9 if args.shard_checkpoint else 0.0)
+    weights_only = os.environ.get("TRAINYARD_RESUME_MODE", "full") == "weights"
 
     # Rank 0 decides where to start (only it is sure to have the checkpoint files); everyone gets the step.
     start = torch.zeros(1, dtype=torch.long)
     if rank == 0:
         path = args.resume_from
-        if path and os.path.isfile(os.path.join(path, MARKER)):
+        if path and args.shard_checkpoint and os.path.isfile(os.path.join(path, MARKER)):
+            with open(os.path.join(path, MARKER)) as f:
+                start[0] = int(json.load(f)["global_step"])
+        elif path and os.path.isfile(os.path.join(path, MARKER)):
             start[0] = load_checkpoint(path, model, optimizer)
             log("resumed from %s at step %d" % (path, int(start[0])))
         elif path:
@@ -161,6 +274,10 @@ def main(argv=None) -> int:
             log("no checkpoint to resume from: starting from step 0")
     dist.broadcast(start, src=0)
     step = int(start[0])
+    if args.shard_checkpoint and step > 0:
+        step = load_sharded(args.resume_from, model, optimizer, weights_only)
+        log("resumed %s from %s at step %d (world size %d)" % (
+            "weights-only" if weights_only else "model and optimizer", args.resume_from, step, world))
     # DDP broadcasts rank 0's parameters to every rank when it wraps the model.
     ddp = DDP(model)
     history: list = []
@@ -188,7 +305,12 @@ def main(argv=None) -> int:
             first = False
         if args.log_every and step % args.log_every == 0 and rank == 0:
             log("step %d loss %.6f" % (step, mean))
-        if args.save_every and step % args.save_every == 0:
+        if args.save_every and step % args.save_every == 0 and args.shard_checkpoint:
+            path = save_sharded(args.output_root, step, ddp.module, optimizer, history, args)
+            if rank == 0:
+                log("saved %s" % path)
+            dist.barrier()
+        elif args.save_every and step % args.save_every == 0:
             if rank == 0:
                 path = save_checkpoint(args.output_root, step, ddp.module, optimizer, history, args)
                 log("saved %s" % path)

@@ -66,6 +66,13 @@ options:
     description: Rendezvous id (C(--rdzv_id)); empty leaves torchrun's default.
     type: str
     default: ""
+  min_nnodes:
+    description:
+      - torchrun's elastic mode (C(rdzv_backend=c10d) only) C(--nnodes=min_nnodes:nnodes); 0 keeps a fixed size.
+      - Elastic restarts the ranks from the entry point's start (restart is not resume): the job must load its own
+        checkpoint, and a ZeRO checkpoint of another world size needs the conversion C(playbooks/recover.yml) does.
+    type: int
+    default: 0
   max_restarts:
     description: torchrun C(--max_restarts). 0 fails the job at the first rank failure; a job that resumes from its checkpoints may raise it.
     type: int
@@ -544,7 +551,8 @@ class Launch(object):
             return tr.build_command(
                 p["nnodes"], p["nproc_per_node"], p["node_rank"], p["master_addr"], p["master_port"],
                 p["entrypoint"], p["args"], rdzv_backend=p["rdzv_backend"], rdzv_id=p["rdzv_id"],
-                max_restarts=p["max_restarts"], torchrun=p["torchrun"], extra_torchrun_args=p["extra_torchrun_args"])
+                max_restarts=p["max_restarts"], torchrun=p["torchrun"], extra_torchrun_args=p["extra_torchrun_args"],
+                min_nnodes=p["min_nnodes"])
         except tr.LaunchError as e:
             self.m.fail_json(msg=str(e), **self.result)
 
@@ -873,6 +881,7 @@ def main():
             master_port=dict(type="int", default=29500),
             rdzv_backend=dict(type="str", default="static", choices=["static", "c10d"]),
             rdzv_id=dict(type="str", default=""),
+            min_nnodes=dict(type="int", default=0),
             max_restarts=dict(type="int", default=0),
             torchrun=dict(type="list", elements="str", default=["torchrun"]),
             extra_torchrun_args=dict(type="list", elements="str", default=[]),

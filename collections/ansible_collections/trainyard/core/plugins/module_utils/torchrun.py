@@ -108,9 +108,10 @@ def resume_args(resume_path, resume_arg):
 
 def build_command(nnodes, nproc_per_node, node_rank, master_addr, master_port, entrypoint, args=(),
                   rdzv_backend="static", rdzv_id="", max_restarts=0, torchrun=("torchrun",),
-                  extra_torchrun_args=(), resume_path=None, resume_arg=None):
+                  extra_torchrun_args=(), resume_path=None, resume_arg=None, min_nnodes=0):
     """The torchrun argv for one node. static: ranks come from --node_rank (the cluster model);
-    c10d: the rendezvous endpoint is master_addr:master_port and torchrun assigns node ranks itself."""
+    c10d: the rendezvous endpoint is master_addr:master_port and torchrun assigns node ranks itself.
+    min_nnodes > 0 (c10d only): torchrun's elastic mode, --nnodes=min_nnodes:nnodes."""
     validate_topology(nnodes, nproc_per_node, node_rank, master_port)
     if rdzv_backend not in RDZV_BACKENDS:
         raise LaunchError("rdzv_backend=%r: use one of %s" % (rdzv_backend, ", ".join(RDZV_BACKENDS)))
@@ -120,8 +121,15 @@ def build_command(nnodes, nproc_per_node, node_rank, master_addr, master_port, e
         raise LaunchError("entrypoint is empty: give the training script (train_args_entrypoint)")
     if int(max_restarts) < 0:
         raise LaunchError("max_restarts=%s: must be 0 or more" % max_restarts)
+    if int(min_nnodes or 0) and rdzv_backend != "c10d":
+        raise LaunchError("min_nnodes=%s needs rdzv_backend=c10d (a static rendezvous has a fixed size): set "
+                          "launch_rdzv_backend: c10d, or launch_nnodes_min: 0" % min_nnodes)
+    if int(min_nnodes or 0) and not 1 <= int(min_nnodes) <= int(nnodes):
+        raise LaunchError("min_nnodes=%s is outside 1..%d (nnodes): set launch_nnodes_min to at most the number "
+                          "of nodes, or 0 for a fixed size" % (min_nnodes, int(nnodes)))
     cmd = list(torchrun) or ["torchrun"]
-    cmd += ["--nnodes=%d" % int(nnodes), "--nproc_per_node=%d" % int(nproc_per_node)]
+    size = "%d:%d" % (int(min_nnodes), int(nnodes)) if int(min_nnodes or 0) else "%d" % int(nnodes)
+    cmd += ["--nnodes=%s" % size, "--nproc_per_node=%d" % int(nproc_per_node)]
     if rdzv_backend == "static":
         cmd += ["--node_rank=%d" % int(node_rank), "--master_addr=%s" % master_addr,
                 "--master_port=%d" % int(master_port), "--rdzv_backend=static"]

@@ -555,6 +555,31 @@ def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: M
                                     "start inside a training container that nothing creates)",
                                     "set launch_runtime: host to run the job on the node itself, or remove "
                                     "container_enabled", "container_enabled", False, [h], True))
+        problems += _check_node_counts(h, len(hosts), t, specs)
+    return problems
+
+
+def _check_node_counts(h: str, n: int, t: Mapping, specs: Mapping[str, Mapping]) -> list[Problem]:
+    """cluster_min_nodes (recover) and launch_nnodes_min (torchrun's elastic mode) against the trainers."""
+    problems: list[Problem] = []
+    low = t.get("cluster_min_nodes")
+    if isinstance(low, int) and not isinstance(low, bool) and not 1 <= low <= n:
+        problems.append(Problem(f"cluster_min_nodes is outside 1..{n} ({n} trainers)",
+                                f"set cluster_min_nodes to the fewest nodes the job may continue on, 1 to {n}",
+                                "cluster_min_nodes", low, [h], True))
+    elastic = t.get("launch_nnodes_min")
+    backend = t.get("launch_rdzv_backend", ((specs.get("launch") or {}).get("launch_rdzv_backend") or {})
+                    .get("default", "static"))
+    if isinstance(elastic, int) and not isinstance(elastic, bool) and elastic:
+        if backend != "c10d":
+            problems.append(Problem("launch_nnodes_min is set while launch_rdzv_backend is not c10d (torchrun's "
+                                    "elastic mode needs the c10d rendezvous)",
+                                    "set launch_rdzv_backend: c10d, or launch_nnodes_min: 0 for a fixed size",
+                                    "launch_nnodes_min", elastic, [h], True))
+        elif not 1 <= elastic <= n:
+            problems.append(Problem(f"launch_nnodes_min is outside 1..{n} ({n} trainers)",
+                                    f"set launch_nnodes_min to 1..{n}, or 0 for a fixed size",
+                                    "launch_nnodes_min", elastic, [h], True))
     return problems
 
 

@@ -1,0 +1,114 @@
+"""Lose a node, keep training (playbooks/recover.yml) on the 3-node simulated cluster: the CPU/gloo example saves a
+sharded checkpoint (one shard per rank on its own node, a copy of the next rank's beside it), node 3's container is
+stopped mid-run, and recover continues on nodes 1 and 2 from the last complete checkpoint, converted for world
+size 2, the step counter going on from there. The inventory is not edited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import parse_recap
+
+LAUNCH = "tests/integration/playbooks/launch.yml"
+STATE = "/var/lib/trainyard/train"
+RW = f"{STATE}/job-rw"
+OUT = "/srv/outputs"
+ARGV = ["--steps", "5000", "--save-every", "5", "--sleep", "0.3", "--output-root", OUT, "--shard-checkpoint",
+        "--shard-copies", "2"]
+EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "launch_wait_timeout": 600})]
+
+
+def wait_until(pred, timeout, step=1.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def log_of(cluster, node) -> str:
+    return cluster.exec(node, ["cat", f"{RW}/torchrun.log"], check=False).stdout
+
+
+def complete_steps(cluster, node) -> list[int]:
+    out = cluster.exec(node, ["sh", "-c", f"ls -d {OUT}/checkpoint-*/trainer_state.json 2>/dev/null"],
+                       check=False).stdout
+    return sorted(int(m) for m in re.findall(r"checkpoint-(\d+)/", out))
+
+
+def inventory_digest(cluster) -> str:
+    h = hashlib.sha256()
+    for f in sorted(cluster.inventory.rglob("*")):
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def lost(cluster):
+    """The sharded example training on all three nodes, then node 3's container stopped; restarted at the end."""
+    r = cluster.playbook(LAUNCH, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+    assert r.returncode == 0, r.stdout[-3000:]
+    for node in cluster.nodes:
+        cluster.exec(node, ["sh", "-c", f"rm -rf {OUT}/checkpoint-* {RW}/torchrun.log*"])
+    r = cluster.playbook(LAUNCH, *EXTRA)
+    assert r.returncode == 0, r.stdout[-3000:]
+    victim = cluster.nodes[2]
+    try:
+        assert wait_until(lambda: all(max(complete_steps(cluster, n), default=0) >= 10 for n in cluster.nodes), 600), \
+            log_of(cluster, cluster.head)[-2000:]
+        subprocess.run(["docker", "stop", "-t", "1", victim], check=True, capture_output=True, timeout=120)
+        before = max(complete_steps(cluster, cluster.head))
+        yield cluster, victim, before
+    finally:
+        subprocess.run(["docker", "start", victim], check=False, capture_output=True, timeout=120)
+        wait_until(lambda: cluster.ssh(victim, ["true"], check=False).returncode == 0, 120)
+        # The node's own engine may miss its start under load (containerd timeout): start it again, as node-init does.
+        if not wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 60, 2):
+            cluster.exec(victim, ["sh", "-c", "rm -f /var/run/docker.pid; dockerd --storage-driver=overlay2 "
+                                  "--insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 "
+                                  ">>/var/log/dockerd.log 2>&1"], detach=True)
+            wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 180, 2)
+        cluster.playbook(LAUNCH, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+
+
+def test_recover_continues_on_two_nodes_from_the_last_checkpoint(lost):
+    cluster, victim, before = lost
+    head, other = cluster.nodes[0], cluster.nodes[1]
+    digest = inventory_digest(cluster)
+    r = cluster.playbook("playbooks/recover.yml", *EXTRA, timeout=2400)
+    out = r.stdout
+    assert r.returncode == 0, out[-6000:]
+    assert "Traceback" not in out
+    assert f"dropped {victim} (unreachable:" in out, out[-4000:]
+    assert f"ranks {head}=0, {other}=1" in out and "world size 3 -> 2" in out
+    recap = parse_recap(out)
+    assert recap[victim]["failed"] == 0
+    # Node 3 held rank 2's shard and the copy of rank 0's: the head got rank 2's from node 2 and converted.
+    ckpt = f"{OUT}/checkpoint-{before}"
+    listing = cluster.exec(head, ["ls", ckpt, f"{ckpt}/universal"]).stdout
+    assert "shard-rank2-of-3.pt" in listing and "flat.pt" in listing
+    assert "flat.pt" in cluster.exec(other, ["ls", f"{ckpt}/universal"]).stdout
+    for rank, node in enumerate((head, other)):
+        st = json.loads(cluster.exec(node, ["cat", f"{STATE}/launch.json"]).stdout)
+        assert "--nnodes=2" in st["command"] and f"--node_rank={rank}" in st["command"]
+        assert st["resume_from"] == ckpt
+    want = f"resumed model and optimizer from {ckpt} at step {before} (world size 2)"
+    assert wait_until(lambda: want in log_of(cluster, head), 300), log_of(cluster, head)[-3000:]
+    # The step counter goes on from the checkpoint, not from 0.
+    assert wait_until(lambda: re.search(rf"trainyard: step {before + 3} loss", log_of(cluster, head)), 300), \
+        log_of(cluster, head)[-3000:]
+    assert not re.search(r"trainyard: step 1 loss", log_of(cluster, head).split(want, 1)[1])
+    # recover.json names the dropped node and the new rank map; the inventory is the user's, untouched.
+    run_dir = re.search(r"Recovered: (.*)", out)
+    assert run_dir, out[-3000:]
+    assert inventory_digest(cluster) == digest
