@@ -310,16 +310,19 @@ def bench_scale(sizes: list[int], repeats: int, config_at: int | None) -> dict:
             inv = Path(meta["inventory"])
             try:
                 first = measured_run(VENV_BIN, inv, meta["nodes"], group, label="first")
-                reruns = [measured_run(VENV_BIN, inv, meta["nodes"], group, label=f"re-run {i + 1}")
-                          for i in range(max(1, repeats))]
-                best = sorted(reruns, key=lambda r: r["wall_s"])[len(reruns) // 2]
-                entry = {"nodes": n, "bringup_s": round(up, 1), "first": first, "reruns": reruns, "median": best}
+                reruns = []
+                entry = {"nodes": n, "bringup_s": round(up, 1), "first": first, "reruns": reruns, "median": None}
+                for i in range(max(1, repeats)):
+                    reruns.append(measured_run(VENV_BIN, inv, meta["nodes"], group, label=f"re-run {i + 1}"))
+                    entry["median"] = sorted(reruns, key=lambda r: r["wall_s"])[(len(reruns) - 1) // 2]
+                    if entry not in results["sizes"]:
+                        results["sizes"].append(entry)
+                    RAW.write_text(json.dumps(results, indent=1) + "\n")  # a run cut short keeps what it measured
                 if config_at == n:
                     for label, env in CONFIG_VARIANTS.items():
-                        row = measured_run(VENV_BIN, inv, meta["nodes"], group, env_extra=env, label=label)
-                        results["config"].append(row)
-                results["sizes"].append(entry)
-                RAW.write_text(json.dumps(results, indent=1) + "\n")  # a long run cut short keeps what it measured
+                        results["config"].append(measured_run(VENV_BIN, inv, meta["nodes"], group, env_extra=env,
+                                                              label=label))
+                        RAW.write_text(json.dumps(results, indent=1) + "\n")
             finally:
                 subprocess.run([*SIM, "down", "--name", name], cwd=REPO, check=False)
     finally:
@@ -339,18 +342,20 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def model(points: list[dict], cores_here: int = 2, cores: int = 16, forks: int = 64, rtt_s: float = 0.001,
+def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0.001,
           project_to: tuple[int, ...] = (64, 256, 1024)) -> dict:
     """Fit the per-node costs on the measured points (converged re-runs) and project the wall time.
 
-    points: [{nodes, wall_s, controller_cpu_s, controller_main_cpu_s, node_cpu_s, ssh_execs_per_node}].
-    Per node, each cost is fitted as a + b·n (b: the part that grows faster than linearly in all):
-      serial(n)   = n·(s0 + s1·n)   the main process's CPU (strategy loop, forks, results): one core
+    points: [{nodes, wall_s, controller_cpu_s, controller_main_cpu_s, node_cpu_s, others_cpu_s, cores,
+    ssh_execs_per_node}]. Per node, each cost is fitted as a + b·n (b: what grows faster than linearly in all):
+      serial(n)   = n·(s0 + s1·n)   the main process's CPU (strategy loop, forks, results): one core at most
       parallel(n) = n·(w0 + w1·n)   the workers' CPU (controller CPU less the main process): spreads over cores
-      node(n)     =    c0 + c1·n    one node's CPU (its module runs, sshd)
-    Here (cores_here shared by the controller and every node, nodes not in parallel):
-      T_here(n) = max(serial(n), (serial(n) + parallel(n) + n·node(n)) / cores_here)
-    On a cluster (a controller of `cores` cores, each node its own CPUs, at most `forks` workers at once):
+      node(n)     =    c0 + c1·n    one node's CPU (its module runs, its sshd)
+    Checked here, where the controller and every node share the machine's cores with other users' work:
+      CPU(n) = serial(n) + parallel(n) + n·node(n), against the CPU measured;
+      T_here(n) = max(serial(n), CPU(n) / cores_got), cores_got = cores - (others' CPU / wall) of that run.
+    Projected on a cluster (a controller of `cores` cores to itself, each node its own CPUs, at most `forks`
+    workers at once):
       T(n) = serial(n) + parallel(n) / min(cores, forks, n) + node(n) + execs_per_node·rtt
     (additive: a task's controller and node parts are taken not to overlap, so this errs long).
     """
@@ -360,40 +365,33 @@ def model(points: list[dict], cores_here: int = 2, cores: int = 16, forks: int =
     w0, w1 = fit_line(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"]) / p["nodes"] for p in pts])
     c0, c1 = fit_line(ns, [p["node_cpu_s"] / p["nodes"] for p in pts])
     execs = statistics.mean(p["ssh_execs_per_node"] for p in pts) if pts else 0.0
+    fit = {"s0": s0, "s1": s1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs}
 
-    def serial(n):
-        return n * (s0 + s1 * n)
+    def check(p, f):
+        n = p["nodes"]
+        serial = n * (f["s0"] + f["s1"] * n)
+        cpu = serial + n * (f["w0"] + f["w1"] * n) + n * (f["c0"] + f["c1"] * n)
+        measured_cpu = p["controller_cpu_s"] + p["node_cpu_s"]
+        got = max(0.05, p.get("cores", 2) - max(0.0, p.get("others_cpu_s", 0.0)) / p["wall_s"])
+        wall = max(serial, cpu / got)
+        return {"nodes": n, "cpu_s": round(measured_cpu, 1), "cpu_model_s": round(cpu, 1),
+                "cpu_error_pct": round(100 * (cpu - measured_cpu) / measured_cpu, 1), "cores_got": round(got, 2),
+                "measured_s": p["wall_s"], "model_s": round(wall, 1),
+                "error_pct": round(100 * (wall - p["wall_s"]) / p["wall_s"], 1)}
 
-    def parallel(n):
-        return n * (w0 + w1 * n)
-
-    def node(n):
-        return c0 + c1 * n
-
-    def here(n):
-        return max(serial(n), (serial(n) + parallel(n) + n * node(n)) / cores_here)
+    checks = [check(p, fit) for p in pts]
+    holdout = None
+    if len(pts) >= 3:  # extrapolation: fitted without the largest size, predicting it
+        holdout = dict(check(pts[-1], model(pts[:-1], cores, forks, rtt_s, ())["fit"]), fitted_on=ns[:-1])
 
     def cluster(n):
-        return serial(n) + parallel(n) / max(1, min(cores, forks, n)) + node(n) + execs * rtt_s
+        par = n * (w0 + w1 * n) / max(1, min(cores, forks, n))
+        return {"nodes": n, "serial_s": round(n * (s0 + s1 * n), 1), "parallel_s": round(par, 1),
+                "node_s": round(c0 + c1 * n, 1),
+                "wall_s": round(n * (s0 + s1 * n) + par + c0 + c1 * n + execs * rtt_s, 1)}
 
-    checks = [{"nodes": p["nodes"], "measured_s": p["wall_s"], "model_s": round(here(p["nodes"]), 1),
-               "error_pct": round(100 * (here(p["nodes"]) - p["wall_s"]) / p["wall_s"], 1)} for p in pts]
-    # Extrapolation check: fitted without the largest size, predicting it.
-    holdout = None
-    if len(pts) >= 3:
-        sub = model(pts[:-1], cores_here, cores, forks, rtt_s, ())
-        f = sub["fit"]
-        n = pts[-1]["nodes"]
-        pred = max(n * (f["s0"] + f["s1"] * n),
-                   (n * (f["s0"] + f["s1"] * n) + n * (f["w0"] + f["w1"] * n) + n * (f["c0"] + f["c1"] * n))
-                   / cores_here)
-        holdout = {"nodes": n, "fitted_on": ns[:-1], "measured_s": pts[-1]["wall_s"], "model_s": round(pred, 1),
-                   "error_pct": round(100 * (pred - pts[-1]["wall_s"]) / pts[-1]["wall_s"], 1)}
-    proj = [{"nodes": n, "serial_s": round(serial(n), 1), "parallel_s": round(parallel(n) / max(1, min(cores, forks, n)), 1),
-             "node_s": round(node(n), 1), "wall_s": round(cluster(n), 1)} for n in project_to]
-    return {"fit": {"s0": s0, "s1": s1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs},
-            "assumptions": {"cores_here": cores_here, "cores": cores, "forks": forks, "rtt_s": rtt_s},
-            "checks": checks, "holdout": holdout, "projection": proj}
+    return {"fit": fit, "assumptions": {"cores": cores, "forks": forks, "rtt_s": rtt_s}, "checks": checks,
+            "holdout": holdout, "projection": [cluster(n) for n in project_to]}
 
 
 # --------------------------------------------------------------------------- report
@@ -444,13 +442,17 @@ def sections(results: dict, command: str, machine: str) -> list[str]:
                    f"{f['w0']:.3f} + {f['w1']:.5f}·n CPU-s; one node {f['c0']:.3f} + {f['c1']:.5f}·n CPU-s; "
                    f"{f['execs_per_node']:.1f} remote executions per node.")
         hold = m["holdout"]
-        hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives {hold['model_s']} s "
-                    f"at {hold['nodes']} nodes against {hold['measured_s']} s measured ({hold['error_pct']:+.1f}%)."
-                    if hold else "")
-        out.append("### Model against the measured points (this machine: "
-                   f"{a['cores_here']} cores shared by the controller and every node)\n\n{fit_txt}{hold_txt}\n\n"
-                   + table(m["checks"], [("nodes", "nodes", "d"), ("measured s", "measured_s", ".1f"),
-                                          ("model s", "model_s", ".1f"), ("model off by %", "error_pct", "+.1f")]))
+        hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives "
+                    f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
+                    f"({hold['cpu_error_pct']:+.1f}%), and a wall of {hold['model_s']} s against {hold['measured_s']} s "
+                    f"({hold['error_pct']:+.1f}%)." if hold else "")
+        out.append("### Model against the measured points\n\nThis machine: its cores shared by the controller, "
+                   "every node and other users' work (cores got = cores less the others' CPU over the run's wall)."
+                   f"\n\n{fit_txt}{hold_txt}\n\n"
+                   + table(m["checks"], [("nodes", "nodes", "d"), ("CPU s", "cpu_s", ".1f"),
+                                         ("model CPU s", "cpu_model_s", ".1f"), ("CPU off by %", "cpu_error_pct", "+.1f"),
+                                         ("cores got", "cores_got", ".2f"), ("wall s", "measured_s", ".1f"),
+                                         ("model wall s", "model_s", ".1f"), ("wall off by %", "error_pct", "+.1f")]))
         out.append(f"### Projection: converged run on a {a['cores']}-core controller, nodes in parallel "
                    f"(forks {a['forks']}, {a['rtt_s'] * 1000:.0f} ms per remote execution)\n\n"
                    + table(m["projection"], [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),

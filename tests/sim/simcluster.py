@@ -415,7 +415,10 @@ LIGHT_VARS = (
     "container_enabled: false\n"
     "launch_runtime: host\n"
     "nccl_check_enabled: false\n"
-    "cluster_preflight: {min_free_gb: 1, min_shm_mb: 32}\n")
+    "cluster_preflight: {min_free_gb: 1, min_shm_mb: 32}\n"
+    "# Dozens of nodes on two shared cores: the head's probe listener must outlive the tasks between its start and\n"
+    "# the workers' connect (it still exits as soon as every worker connected).\n"
+    "network_listener_s: 900\n")
 
 
 def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: list[str], key: Path,
