@@ -342,6 +342,13 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def fit_growth(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """fit_line for a per-node cost, with a slope of at least 0: a per-node cost that falls with n is the run's
+    fixed start-up cost spread over more nodes (and noise), not an economy of scale to extrapolate."""
+    a, b = fit_line(xs, ys)
+    return (a, b) if b >= 0 else (statistics.mean(ys), 0.0)
+
+
 def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0.001,
           project_to: tuple[int, ...] = (64, 256, 1024)) -> dict:
     """Fit the per-node costs on the measured points (converged re-runs) and project the wall time.
@@ -361,9 +368,9 @@ def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0
     """
     pts = sorted(points, key=lambda p: p["nodes"])
     ns = [p["nodes"] for p in pts]
-    s0, s1 = fit_line(ns, [p["controller_main_cpu_s"] / p["nodes"] for p in pts])
-    w0, w1 = fit_line(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"]) / p["nodes"] for p in pts])
-    c0, c1 = fit_line(ns, [p["node_cpu_s"] / p["nodes"] for p in pts])
+    s0, s1 = fit_growth(ns, [p["controller_main_cpu_s"] / p["nodes"] for p in pts])
+    w0, w1 = fit_growth(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"]) / p["nodes"] for p in pts])
+    c0, c1 = fit_growth(ns, [p["node_cpu_s"] / p["nodes"] for p in pts])
     execs = statistics.mean(p["ssh_execs_per_node"] for p in pts) if pts else 0.0
     fit = {"s0": s0, "s1": s1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs}
 
@@ -408,66 +415,85 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
+def _row(n: int, kind: str, r: dict) -> dict:
+    busy = r["controller_cpu_s"] + r["node_cpu_s"]
+    return {"nodes": n, "run": kind, "wall": r["wall_s"], "rc": r["rc"], "changed": r["changed"],
+            "ctrl": r["controller_cpu_s"] / n, "main": r["controller_main_cpu_s"] / n, "node": r["node_cpu_s"] / n,
+            "share": busy / (busy + max(0.0, r.get("others_cpu_s") or 0.0)), "tasks": r["tasks_per_node"],
+            "ran": r.get("tasks_run_per_node"), "execs": r["ssh_execs_per_node"], "pmtu": r["path_mtu_task_s"],
+            "pmtu_mod": r.get("path_mtu_module_s_median"), "cross": r["cross_node_task_s"]}
+
+
+def _model_sections(title: str, pts: list[dict]) -> list[str]:
+    m = model(pts)
+    f = m["fit"]
+    a = m["assumptions"]
+    fit_txt = (f"Fit (per node, n nodes): main process {f['s0']:.3f} + {f['s1']:.5f}·n CPU-s; workers "
+               f"{f['w0']:.3f} + {f['w1']:.5f}·n CPU-s; one node {f['c0']:.3f} + {f['c1']:.5f}·n CPU-s; "
+               f"{f['execs_per_node']:.1f} remote executions per node.")
+    hold = m["holdout"]
+    hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives "
+                f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
+                f"({hold['cpu_error_pct']:+.1f}%), and a wall of {hold['model_s']} s against {hold['measured_s']} s "
+                f"({hold['error_pct']:+.1f}%)." if hold else
+                "\n\nTwo sizes only: the line goes through both, so the CPU check below cannot fail; a third size "
+                "gives the extrapolation check.")
+    return [f"### Model on the {title}, against the measured points\n\nThis machine: its cores shared by the "
+            "controller, every node and other users' work (cores got = cores less the others' CPU over the run's "
+            f"wall).\n\n{fit_txt}{hold_txt}\n\n"
+            + table(m["checks"], [("nodes", "nodes", "d"), ("CPU s", "cpu_s", ".1f"),
+                                  ("model CPU s", "cpu_model_s", ".1f"), ("CPU off by %", "cpu_error_pct", "+.1f"),
+                                  ("cores got", "cores_got", ".2f"), ("wall s", "measured_s", ".1f"),
+                                  ("model wall s", "model_s", ".1f"), ("wall off by %", "error_pct", "+.1f")]),
+            f"### Projection from the {title}: a {a['cores']}-core controller, nodes in parallel (forks {a['forks']}, "
+            f"{a['rtt_s'] * 1000:.0f} ms per remote execution)\n\n"
+            + table(m["projection"], [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),
+                                      ("workers / cores s", "parallel_s", ".1f"), ("one node s", "node_s", ".1f"),
+                                      ("projected wall s", "wall_s", ".1f")])]
+
+
 def sections(results: dict, command: str, machine: str) -> list[str]:
+    sizes = sorted(results["sizes"], key=lambda e: e["nodes"])
     rows = []
-    for e in sorted(results["sizes"], key=lambda e: e["nodes"]):
-        m = e["median"]
-        n = e["nodes"]
-        rows.append({"nodes": n, "first": e["first"]["wall_s"], "wall": m["wall_s"], "changed": m["changed"],
-                     "ctrl": m["controller_cpu_s"] / n, "main": m["controller_main_cpu_s"] / n,
-                     "node": m["node_cpu_s"] / n, "tasks": m["tasks_per_node"], "run": m["tasks_run_per_node"],
-                     "execs": m["ssh_execs_per_node"], "pmtu": m["path_mtu_task_s"],
-                     "pmtu_mod": m["path_mtu_module_s_median"], "cross": m["cross_node_task_s"],
-                     "ncross": len(m["cross_node_tasks"])})
+    for e in sizes:
+        rows.append(_row(e["nodes"], "first", e["first"]))
+        if e.get("median"):
+            rows.append(_row(e["nodes"], "converged", e["median"]))
     out = [f"## Scale: converged site.yml on light nodes\n\nMachine: {machine}  \nDate: {results['date']} "
-           f"(commit {results['commit']})  \nCommand: `{command}`  \nRaw: `docs/benchmarks-scale.json`\n\n"
+           f"(commit {results['commit']})  \nCommand: `{command}`  \nRaw: `docs/benchmarks-scale.json`"
+           + (f"  \nNote: {results['note']}" if results.get("note") else "") + "\n\n"
            "Light simulated nodes (`simcluster.py up --kind light`: sshd and Python only; container_enabled false, "
-           "launch_runtime host, nccl_check_enabled false; `--skip-tags launch`). Converged re-run (median); CPU from "
-           "cgroup accounting, per node; tasks per node from the recap (run = not skipped); remote executions = "
-           "`ssh` calls per node (one per module call, pipelined); path MTU = the task that runs path_mtu_check "
-           "(its module's own median seconds beside it); cross-node = the summed wall time of every task that reads "
-           "other hosts' hostvars over a host list.\n\n" + table(rows, [
-               ("nodes", "nodes", "d"), ("first run s", "first", ".1f"), ("re-run s", "wall", ".1f"),
+           "launch_runtime host, nccl_check_enabled false; `--skip-tags launch`). CPU from cgroup accounting, per "
+           "node; share = this run's CPU over all the machine's busy CPU meanwhile (other users' work included); "
+           "tasks per node from the recap (ran = not skipped); remote executions = `ssh` calls per node (one per "
+           "module call, pipelined); path MTU = the task that runs path_mtu_check (its module's own median seconds "
+           "beside it); cross-node = the summed wall time of every task that reads other hosts' hostvars over a host "
+           "list.\n\n" + table(rows, [
+               ("nodes", "nodes", "d"), ("run", "run", ""), ("wall s", "wall", ".1f"), ("rc", "rc", ""),
                ("changed", "changed", ""), ("controller CPU s/node", "ctrl", ".2f"),
                ("of it main process s/node", "main", ".2f"), ("node CPU s/node", "node", ".2f"),
-               ("tasks/node", "tasks", ""), ("run/node", "run", ""), ("remote execs/node", "execs", ""),
-               ("path MTU task s", "pmtu", ".2f"), ("path MTU module s", "pmtu_mod", ""),
-               ("cross-node tasks s", "cross", ".2f"), ("cross-node tasks", "ncross", "d")])]
-    pts = [e["median"] for e in sorted(results["sizes"], key=lambda e: e["nodes"]) if e["median"]["rc"] == 0]
-    if pts:
-        m = model(pts)
-        f = m["fit"]
-        a = m["assumptions"]
-        fit_txt = (f"Fit (per node, n nodes): main process {f['s0']:.3f} + {f['s1']:.5f}·n CPU-s; workers "
-                   f"{f['w0']:.3f} + {f['w1']:.5f}·n CPU-s; one node {f['c0']:.3f} + {f['c1']:.5f}·n CPU-s; "
-                   f"{f['execs_per_node']:.1f} remote executions per node.")
-        hold = m["holdout"]
-        hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives "
-                    f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
-                    f"({hold['cpu_error_pct']:+.1f}%), and a wall of {hold['model_s']} s against {hold['measured_s']} s "
-                    f"({hold['error_pct']:+.1f}%)." if hold else "")
-        out.append("### Model against the measured points\n\nThis machine: its cores shared by the controller, "
-                   "every node and other users' work (cores got = cores less the others' CPU over the run's wall)."
-                   f"\n\n{fit_txt}{hold_txt}\n\n"
-                   + table(m["checks"], [("nodes", "nodes", "d"), ("CPU s", "cpu_s", ".1f"),
-                                         ("model CPU s", "cpu_model_s", ".1f"), ("CPU off by %", "cpu_error_pct", "+.1f"),
-                                         ("cores got", "cores_got", ".2f"), ("wall s", "measured_s", ".1f"),
-                                         ("model wall s", "model_s", ".1f"), ("wall off by %", "error_pct", "+.1f")]))
-        out.append(f"### Projection: converged run on a {a['cores']}-core controller, nodes in parallel "
-                   f"(forks {a['forks']}, {a['rtt_s'] * 1000:.0f} ms per remote execution)\n\n"
-                   + table(m["projection"], [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),
-                                              ("workers / cores s", "parallel_s", ".1f"),
-                                              ("one node s", "node_s", ".1f"), ("projected wall s", "wall_s", ".1f")]))
+               ("share", "share", ".2f"), ("tasks/node", "tasks", ""), ("ran/node", "ran", ""),
+               ("remote execs/node", "execs", ""), ("path MTU task s", "pmtu", ".2f"),
+               ("path MTU module s", "pmtu_mod", ""), ("cross-node tasks s", "cross", ".2f")])]
+    # A run whose trainers all finished their tasks (failed 0) measured the whole workload, whatever its rc.
+    for title, pts in (("converged re-runs", [e["median"] for e in sizes if e.get("median")]),
+                       ("first runs", [e["first"] for e in sizes])):
+        pts = [p for p in pts if p.get("failed") in (0, None) and p.get("changed") is not None]
+        if len(pts) >= 2:
+            out += _model_sections(title, pts)
     if results.get("config"):
         base = next((r for r in results["config"] if r["label"] == "project ansible.cfg"), None)
         rows = []
         for r in results["config"]:
-            rows.append({"setting": r["label"], "wall": r["wall_s"], "ok": r["rc"] == 0 and r["changed"] == 0,
+            cpu = r["controller_cpu_s"] + r["node_cpu_s"]
+            rows.append({"setting": r["label"], "wall": r["wall_s"], "rc": r["rc"], "changed": r["changed"],
                          "ctrl": r["controller_cpu_s"], "node": r["node_cpu_s"], "execs": r["ssh_execs_per_node"],
-                         "ratio": (r["wall_s"] / base["wall_s"]) if base and r["rc"] == 0 else None})
+                         "ratio": (r["wall_s"] / base["wall_s"]) if base else None,
+                         "cpu_ratio": cpu / (base["controller_cpu_s"] + base["node_cpu_s"]) if base else None})
         out.append(f"### ansible.cfg against Ansible's defaults, one setting at a time ({results['config'][0]['nodes']} "
                    "light nodes, converged re-run each)\n\n" + table(rows, [
-                       ("setting", "setting", ""), ("wall s", "wall", ".1f"), ("ok, changed 0", "ok", ""),
-                       ("controller CPU s", "ctrl", ".1f"), ("node CPU s", "node", ".1f"),
-                       ("ssh calls/node", "execs", ""), ("wall / project", "ratio", ".2f")]))
+                       ("setting", "setting", ""), ("wall s", "wall", ".1f"), ("rc", "rc", ""),
+                       ("changed", "changed", ""), ("controller CPU s", "ctrl", ".1f"), ("node CPU s", "node", ".1f"),
+                       ("ssh calls/node", "execs", ""), ("wall / project", "ratio", ".2f"),
+                       ("CPU / project", "cpu_ratio", ".2f")]))
     return out

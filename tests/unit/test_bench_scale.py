@@ -46,6 +46,11 @@ def test_fit_line():
     assert scale.fit_line([8], [3.0]) == (3.0, 0.0)
 
 
+def test_a_per_node_cost_that_falls_with_n_is_not_extrapolated_downwards():
+    assert scale.fit_growth([4, 16, 32], [4.0, 2.7, 3.1]) == (pytest.approx(3.2666, abs=1e-3), 0.0)
+    assert scale.fit_growth([4, 16], [1.0, 2.2]) == pytest.approx((0.6, 0.1))
+
+
 def point(n, s0=0.5, s1=0.002, w0=4.0, w1=0.01, c0=3.0, c1=0.02):
     main = n * (s0 + s1 * n)
     workers = n * (w0 + w1 * n)
