@@ -436,8 +436,8 @@ def _model_sections(title: str, pts: list[dict]) -> list[str]:
                 f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
                 f"({hold['cpu_error_pct']:+.1f}%), and a wall of {hold['model_s']} s against {hold['measured_s']} s "
                 f"({hold['error_pct']:+.1f}%)." if hold else
-                "\n\nTwo sizes only: the line goes through both, so the CPU check below cannot fail; a third size "
-                "gives the extrapolation check.")
+                "\n\nTwo sizes only: each line goes through both points unless its slope was held at 0, so this check "
+                "says little; a third size gives the extrapolation check.")
     return [f"### Model on the {title}, against the measured points\n\nThis machine: its cores shared by the "
             "controller, every node and other users' work (cores got = cores less the others' CPU over the run's "
             f"wall).\n\n{fit_txt}{hold_txt}\n\n"
