@@ -19,10 +19,16 @@ description:
   - Read-only (ICMP echo only).
 options:
   peers:
-    description: Peers to probe, C({name, address}).
+    description: Peers to probe, C({name, address}). One of I(peers) and I(plan) is required.
     type: list
     elements: dict
-    required: true
+  plan:
+    description:
+      - The peers this node probes and the coverage of the scheme they come from, C({peers, coverage}), as the
+        network role's C(network_path_plan) filter builds it (a full mesh up to C(network_path_mtu_full_mesh_max)
+        nodes, above it a ring, seeded random rings and one pair per data subnet pair).
+      - I(coverage) comes back in the result as it came, so the record states which pairs were proved.
+    type: dict
   payload:
     description: Full ICMP payload in bytes (cluster_data_mtu - 28).
     type: int
@@ -48,6 +54,12 @@ author: trainyard
 """
 
 EXAMPLES = r"""
+- name: Prove the path to the peers the pair scheme gives this node
+  path_mtu_check:
+    plan: "{{ hostvars | network_path_plan(ansible_play_hosts, inventory_hostname, 16, 2, 0) }}"
+    payload: 8972
+  register: __network_path
+
 - name: Prove the path to every other node
   path_mtu_check:
     peers: [{name: node2, address: 10.0.0.12}, {name: node3, address: 10.0.0.13}]
@@ -65,6 +77,11 @@ failed_peers:
   description: Peers where either probe failed.
   returned: always
   type: list
+coverage:
+  description: The scheme's coverage from I(plan) (scheme, pairs, full_mesh_pairs, text, ...); empty without a plan.
+  returned: always
+  type: dict
+  sample: {scheme: ring + sample, pairs: 192, full_mesh_pairs: 2016, text: "ring + 2 seeded random rings ..."}
 seconds:
   description: Wall time of all probes.
   returned: always
@@ -81,19 +98,22 @@ from ansible_collections.trainyard.core.plugins.module_utils.netcheck import par
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            peers=dict(type="list", elements="dict", required=True),
+            peers=dict(type="list", elements="dict"),
+            plan=dict(type="dict"),
             payload=dict(type="int", required=True),
             base=dict(type="int", default=1472),
             wait=dict(type="int", default=1),
             retries=dict(type="int", default=1),
             workers=dict(type="int", default=64),
         ),
+        required_one_of=[("peers", "plan")],
         supports_check_mode=True,
     )
     p = module.params
     ping = module.get_bin_path("ping", required=True)
+    plan = p["plan"] or {}
     peers = []
-    for peer in p["peers"]:
+    for peer in (plan.get("peers") or []) if p["plan"] is not None else p["peers"]:
         if not peer.get("name") or not peer.get("address"):
             module.fail_json(msg="each peer needs name and address, got %r" % (peer,))
         peers.append((str(peer["name"]), str(peer["address"])))
@@ -121,7 +141,8 @@ def main():
             for name, address, kind, res in pool.map(one, jobs):
                 probes.setdefault(name, {"address": address})[kind] = res
     failed = sorted(n for n, r in probes.items() if not (r["full"]["ok"] and r["base"]["ok"]))
-    module.exit_json(changed=False, probes=probes, failed_peers=failed, seconds=round(time.time() - t0, 3))
+    module.exit_json(changed=False, probes=probes, failed_peers=failed, coverage=plan.get("coverage") or {},
+                     seconds=round(time.time() - t0, 3))
 
 
 if __name__ == "__main__":

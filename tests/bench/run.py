@@ -9,6 +9,10 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
   config    converged re-run with Ansible's defaults vs the project's ansible.cfg (ratio)
   faults    time from `ansible-playbook` start to the named failure, per injected fault
   scripts   the per-area benchmark scripts (tests/bench/bench_*.py): validation, network, launch, janitor, reset
+  scale     converged site.yml on light nodes per size (--sizes 16,32,64): wall, controller and node CPU per node,
+            tasks and remote executions per node, the faster-than-linear tasks apart, a fitted model and its
+            projection to 1,024 nodes; --config-at N adds ansible.cfg against Ansible's defaults, one setting at a
+            time, at N nodes (tests/bench/scale.py; raw output docs/benchmarks-scale.json)
 Figures are never asserted: this is measurement, not a test.
 """
 
@@ -29,13 +33,16 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/integration"))
+sys.path.insert(0, str(REPO / "tests/bench"))
 from conftest import BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
+from scale import table  # noqa: E402  (tests/bench/scale.py: the markdown tables of every section)
 
 DOC = REPO / "docs/benchmarks.md"
 # docs/benchmarks.md: the tables above this line are this script's; the analysis from it on is written by hand
 # (targets, where the time goes, what was tried) and kept as it is when the tables are rewritten.
 ANALYSIS_MARK = "<!-- analysis: written by hand; tests/bench/run.py rewrites only what is above this line -->"
 DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
+SCALE_TITLE = "## Scale"
 
 
 def log(msg: str) -> None:
@@ -232,23 +239,27 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, dockerd {docker}")
 
 
-def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
-    head = "| " + " | ".join(h for h, _, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
-    body = ""
-    for r in rows:
-        cells = []
-        for _, key, fmt in cols:
-            v = r.get(key)
-            cells.append(format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
-        body += "| " + " | ".join(cells) + " |\n"
-    return head + body
+def _split_sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """The measured part of the doc -> (header, [('## title' line, section text)])."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    return parts[0], [(p.splitlines()[0], p) for p in parts[1:]]
 
 
-def write_doc(sections: list[str]) -> None:
-    """Write the measured sections, keeping the hand-written analysis at the end of the file."""
+def write_doc(sections: list[str], keep_header: bool = False) -> None:
+    """Write the measured sections, keeping the hand-written analysis at the end of the file, and every measured
+    section of the old file that this run did not measure (by its title), in place."""
     old = DOC.read_text() if DOC.exists() else ""
     tail = old[old.index(ANALYSIS_MARK):] if ANALYSIS_MARK in old else ""
-    DOC.write_text("\n".join(sections) + ("\n" + tail if tail else ""))
+    old_head, old_secs = _split_sections(old[:old.index(ANALYSIS_MARK)] if ANALYSIS_MARK in old else old)
+    new_head, new_secs = _split_sections("\n".join(sections))
+    fresh = dict(new_secs)
+    # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale tables survive a run
+    # without scale.
+    kept = [(t, x) for t, x in old_secs if t in fresh or keep_header or t.startswith(SCALE_TITLE)]
+    merged = [fresh.pop(title, text) for title, text in kept] + [text for title, text in new_secs if title in fresh]
+    head = old_head if (keep_header and old_head.strip()) else new_head
+    body = head.rstrip("\n") + "\n\n" + "".join(p.rstrip("\n") + "\n\n" for p in merged)
+    DOC.write_text(body.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
 
 
 def main() -> int:
@@ -256,12 +267,31 @@ def main() -> int:
     p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
     p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
     p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts"))
+    p.add_argument("--config-at", type=int, default=None,
+                   help="scale: also measure ansible.cfg against Ansible's defaults at this size (one of --sizes)")
+    p.add_argument("--from-raw", action="store_true",
+                   help="scale: rewrite the doc's scale tables from docs/benchmarks-scale.json without measuring")
     args = p.parse_args()
     only = set(args.only.split(","))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     sections = [f"# Benchmarks\n\nMachine: {machine()}  \nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  \n"
                 f"Command: `python3 tests/bench/run.py --sizes {args.sizes} --repeats {args.repeats} --only {args.only}` "
                 "(`make bench`)\n"]
+    keep_header = not (only & {"site", "faults", "scripts"})  # a scale-only run keeps the other tables' header
+    if "scale" in only:
+        import scale
+        if args.from_raw:
+            results = json.loads(scale.RAW.read_text())
+            command = results.get("command", "")
+        else:
+            command = (f"python3 tests/bench/run.py --only scale --sizes {args.sizes} --repeats {args.repeats}"
+                       + (f" --config-at {args.config_at}" if args.config_at else ""))
+            results = scale.bench_scale(sizes, args.repeats, args.config_at)
+            results["command"] = command
+            scale.RAW.write_text(json.dumps(results, indent=1) + "\n")
+        sections += scale.sections(results, command, machine())
+        print("\n".join(sections[1:]), flush=True)
+        write_doc(sections, keep_header)
     if "site" in only:
         rows, cfg = bench_site(sizes, args.repeats)
         sections.append("## site.yml per cluster size\n\nFirst run (images pulled, everything installed) and converged "
@@ -275,7 +305,7 @@ def main() -> int:
                             ("nodes", "nodes", "d"), ("project s", "project_s", ".1f"), ("defaults s", "defaults_s", ".1f"),
                             ("defaults ok", "defaults_ok", ""), ("defaults / project", "ratio", ".2f")]))
         print("\n".join(sections[-2:]), flush=True)
-        write_doc(sections)  # after every section: a long suite cut short keeps what it measured
+        write_doc(sections, keep_header)  # after every section: a long suite cut short keeps what it measured
     if "faults" in only:
         rows = bench_faults(max(1, args.repeats))
         sections.append("## Time to a named failure, per injected fault (3 nodes, `playbooks/preflight.yml`)\n\n"
@@ -284,11 +314,11 @@ def main() -> int:
                         + table(rows, [("fault", "fault", ""), ("named after s", "seconds", ".1f"),
                                        ("run s", "run_s", ".1f"), ("named", "named", "")]))
         print(sections[-1], flush=True)
-        write_doc(sections)
+        write_doc(sections, keep_header)
     if "scripts" in only:
         for title, text in bench_scripts():
             sections.append(f"## {title}\n\n```\n{text}\n```\n")
-    write_doc(sections)
+    write_doc(sections, keep_header)
     log(f"wrote {DOC.relative_to(REPO)}")
     return 0
 

@@ -124,6 +124,35 @@ def test_mtu_mismatch_verify_only_names_the_node_the_pairs_and_the_fix(aligned, 
     assert failing(records) == {(low, "network.mtu")} | {(n, "network.path_mtu") for n in cluster.nodes}
 
 
+def test_above_the_full_mesh_limit_a_ring_proves_every_node_and_names_a_failing_pair(aligned, tmp_path):
+    cluster = aligned
+    low = cluster.nodes[2]
+    cluster.set_mtu(low, 1500)
+    try:
+        r, records, _, _ = converge(cluster, tmp_path, "-e", "network_manage_mtu=false",
+                                    "-e", "network_path_mtu_full_mesh_max=2", "-e", "network_path_mtu_samples=0")
+    finally:
+        cluster.set_mtu(low, 9000)
+    assert r.returncode == 0, r.stdout[-3000:]
+    # 3 nodes above a limit of 2: a ring, each node probes one peer, every node in two pairs.
+    peers = {n: list(records[n]["network.path_mtu"]["data"]["pairwise"]["path_mtu"]) for n in cluster.nodes}
+    assert all(len(p) == 1 for p in peers.values()), peers
+    assert {frozenset((n, p[0])) for n, p in peers.items()} == {frozenset(x) for x in
+                                                                ((cluster.nodes[0], cluster.nodes[1]),
+                                                                 (cluster.nodes[1], cluster.nodes[2]),
+                                                                 (cluster.nodes[2], cluster.nodes[0]))}
+    for node in cluster.nodes:
+        path = records[node]["network.path_mtu"]
+        cov = path["data"]["path_coverage"]
+        assert (cov["scheme"], cov["pairs"], cov["full_mesh_pairs"], cov["probes"]) == ("ring + sample", 3, 3, 1)
+        assert "ring + 0 seeded random rings (seed 0)" in path["detail"] and "3 of 3 node pairs" in path["detail"]
+    # The pair into the low node fails where it is probed from, named by both ends with both MTUs.
+    prober = next(n for n, p in peers.items() if p == [low])
+    path = records[prober]["network.path_mtu"]
+    assert path["status"] == "fail" and f"{prober} -> {low}" in path["detail"] and f"{low} eth1 1500" in path["detail"]
+    assert records[low]["network.path_mtu"]["status"] == "fail"  # its own probe out: message too long
+
+
 def test_mtu_mismatch_is_fixed_by_the_role_and_the_fix_is_idempotent(aligned, tmp_path):
     cluster = aligned
     low = cluster.nodes[1]

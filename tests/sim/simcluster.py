@@ -4,6 +4,7 @@
     simcluster.py images                         build (or reuse) the node and training images
     simcluster.py up   --name ty --nodes 3 --data-mtu 9000
     simcluster.py up   --name ty --nodes 2 --kind plain --data-mtu 1450
+    simcluster.py up   --name ty --nodes 64 --kind light
     simcluster.py down --name ty
     simcluster.py list
 
@@ -25,6 +26,13 @@ two networks: an internet-bridge-like network (eth0: default route, the mapped S
 private overlay (eth1: an internal network, MTU --data-mtu, e.g. 1450). The inventory it writes is built by
 the inventory plugin `vast_instances` from the provider CLI's raw instance list (`vastai show instances
 --raw`), generated for these nodes in that format (tests/data/vast/).
+
+`--kind light` brings up many cheap nodes for scale measurements (tests/bench/run.py --only scale): each node
+is a container of the Debian base tree only (sshd, Python, iproute2, ping: no engine, no torch, default
+capabilities plus NET_ADMIN), on the same management and data networks as the default kind. Its inventory
+switches off, through the product's own variables, what needs an engine or torch on the node
+(container_enabled: false, launch_runtime: host, nccl_check_enabled: false); the launch play needs torch on the
+node, so runs on light nodes leave it out (--skip-tags launch). 64 light nodes fit on a 2-core, 24 GiB machine.
 
 Everything a cluster creates carries the label trainyard.sim=<name>; `down` removes exactly that.
 """
@@ -60,7 +68,8 @@ NODE_PACKAGES = ["docker.io", "iptables", "python3-docker", "python3-apt", "sudo
 TRAIN_PIP = ["torch==2.13.0", "tensorboard", "numpy"]
 DEFAULT_NAME = "ty"
 PLAIN_IMAGE = "trainyard-sim-plain"
-KINDS = ("node", "plain")
+LIGHT_IMAGE = "trainyard-sim-light"
+KINDS = ("node", "plain", "light")
 VAST_FIXTURES = REPO / "tests/data/vast"
 
 NODE_INIT = """#!/bin/sh
@@ -174,17 +183,36 @@ def build_node_image() -> str:
         clone_tree(base, root)
         log(f"installing {' '.join(NODE_PACKAGES)} into the node image")
         chroot_apt(root, NODE_PACKAGES)
-        init = root / "usr/local/sbin/node-init"
-        init.write_text(NODE_INIT)
-        init.chmod(0o755)
-        sshd_conf = root / "etc/ssh/sshd_config.d/trainyard-sim.conf"
-        sshd_conf.write_text(SSHD_CONF)
-        for key in (root / "etc/ssh").glob("ssh_host_*"):
-            key.unlink()
-        sh(["chroot", str(root), "ssh-keygen", "-A"])
-        log(f"importing {ref}")
-        docker_import(root, ref, ['CMD ["/usr/local/sbin/node-init"]', "ENV LANG=C.UTF-8"])
+        import_node_tree(root, ref, NODE_INIT)
     docker("tag", ref, f"{NODE_IMAGE}:latest")
+    return ref
+
+
+def import_node_tree(root: Path, ref: str, init_script: str) -> None:
+    """Finish a node's tree (init script, sshd configuration, fresh host keys) and import it as ref."""
+    init = root / "usr/local/sbin/node-init"
+    init.write_text(init_script)
+    init.chmod(0o755)
+    sshd_conf = root / "etc/ssh/sshd_config.d/trainyard-sim.conf"
+    sshd_conf.write_text(SSHD_CONF)
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    sh(["chroot", str(root), "ssh-keygen", "-A"])
+    log(f"importing {ref}")
+    docker_import(root, ref, ['CMD ["/usr/local/sbin/node-init"]', "ENV LANG=C.UTF-8"])
+
+
+def build_light_image() -> str:
+    """The light node: the Debian base tree (sshd, Python, iproute2, ping) with sshd as its init, nothing else."""
+    ref = f"{LIGHT_IMAGE}:{recipe_hash(SUITE, BASE_PACKAGES, PLAIN_INIT, SSHD_CONF, 'light-v1')}"
+    if image_exists(ref):
+        docker("tag", ref, f"{LIGHT_IMAGE}:latest")
+        return ref
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        root = Path(tmp) / "light"
+        clone_tree(base_rootfs(), root)
+        import_node_tree(root, ref, PLAIN_INIT)
+    docker("tag", ref, f"{LIGHT_IMAGE}:latest")
     return ref
 
 
@@ -332,7 +360,14 @@ def ssh_key(name: str) -> Path:
 
 
 def start_node(name: str, node: str, mgmt_net: str, mgmt_ip: str, data_net: str, data_ip: str,
-               image: str) -> None:
+               image: str, kind: str = "node") -> None:
+    if kind == "light":
+        # Default capabilities plus NET_ADMIN (the network role may set the data MTU); no engine, no volume.
+        docker("run", "-d", "--name", node, "--hostname", node, "--label", f"{LABEL}={name}",
+               "--cap-add", "NET_ADMIN", "--tmpfs", "/run", "--tmpfs", "/tmp", "--shm-size", "64m",
+               "--network", mgmt_net, "--ip", mgmt_ip, image)
+        docker("network", "connect", "--ip", data_ip, data_net, node)
+        return
     volume = f"{node}-docker"
     docker("volume", "create", "--label", f"{LABEL}={name}", volume)
     docker("run", "-d", "--name", node, "--hostname", node,
@@ -361,11 +396,11 @@ def provision_node(node: str, pubkey: str) -> None:
         docker("cp", f"{data}/.", f"{node}:/usr/share/trainyard-standin/nvidia-smi")
 
 
-def wait_ready(node: str, mgmt_ip: str, key: Path, timeout: float = 60) -> None:
+def wait_ready(node: str, mgmt_ip: str, key: Path, timeout: float = 60, kind: str = "node") -> None:
     deadline = time.monotonic() + timeout
+    probe = ["true"] if kind == "light" else ["docker", "info", "--format", "{{.ServerVersion}}"]
     ssh = ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-           "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", "-o", "BatchMode=yes", f"root@{mgmt_ip}",
-           "docker", "info", "--format", "{{.ServerVersion}}"]
+           "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", "-o", "BatchMode=yes", f"root@{mgmt_ip}", *probe]
     while time.monotonic() < deadline:
         if subprocess.run(ssh, capture_output=True).returncode == 0:
             return
@@ -374,8 +409,20 @@ def wait_ready(node: str, mgmt_ip: str, key: Path, timeout: float = 60) -> None:
                      f"(docker exec {node} cat /var/log/dockerd.log)")
 
 
+LIGHT_VARS = (
+    "# Light nodes (simcluster.py up --kind light): sshd and Python only. What needs an engine or torch on the\n"
+    "# node is off through the product's variables; the launch play needs torch (run with --skip-tags launch).\n"
+    "container_enabled: false\n"
+    "launch_runtime: host\n"
+    "nccl_check_enabled: false\n"
+    "cluster_preflight: {min_free_gb: 1, min_shm_mb: 32}\n"
+    "# Dozens of nodes on two shared cores: the head's probe listener must outlive the tasks between its start and\n"
+    "# the workers' connect (it still exits as soon as every worker connected).\n"
+    "network_listener_s: 900\n")
+
+
 def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: list[str], key: Path,
-                    mtu: int, gateway: str) -> Path:
+                    mtu: int, gateway: str, kind: str = "node") -> Path:
     inv = inventory_dir(name)
     (inv / "group_vars").mkdir(parents=True, exist_ok=True)
     hosts = "\n".join(
@@ -413,8 +460,9 @@ def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: 
         "# (gloo between simulated nodes on a 2-core machine: 0.3-0.7 GB/s).\n"
         "nccl_check_size_mb: 64\n"
         "nccl_check_min_inter_busbw_gbps: 0.05\n"
-        f"container_image: {gateway}:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}\n")
-    meta = {"name": name, "nodes": nodes, "mgmt": mgmt_ips, "data": data_ips, "mtu": mtu,
+        f"container_image: {gateway}:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}\n"
+        + (LIGHT_VARS if kind == "light" else ""))
+    meta = {"name": name, "kind": kind, "nodes": nodes, "mgmt": mgmt_ips, "data": data_ips, "mtu": mtu,
             "gateway": gateway, "key": str(key), "inventory": str(inv)}
     (state_dir(name) / "cluster.json").write_text(json.dumps(meta, indent=2))
     return inv
@@ -563,8 +611,9 @@ def cmd_up(args: argparse.Namespace) -> None:
     if getattr(args, "kind", "node") == "plain":
         up_plain(args, t0)
         return
-    node_image = build_node_image()
-    if not args.no_train_image:
+    kind = getattr(args, "kind", "node")
+    node_image = build_light_image() if kind == "light" else build_node_image()
+    if kind == "node" and not args.no_train_image:
         build_train_image()
         push_train_image()
     mgmt, data = subnets(name)
@@ -580,14 +629,15 @@ def cmd_up(args: argparse.Namespace) -> None:
     key = ssh_key(name)
     pubkey = key.with_suffix(".pub").read_text()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda a: start_node(name, a[0], mgmt_net, a[1], data_net, a[2], node_image),
+        list(pool.map(lambda a: start_node(name, a[0], mgmt_net, a[1], data_net, a[2], node_image, kind),
                       zip(nodes, mgmt_ips, data_ips)))
         list(pool.map(lambda n: provision_node(n, pubkey), nodes))
-        list(pool.map(lambda a: wait_ready(a[0], a[1], key), zip(nodes, mgmt_ips)))
-    inv = write_inventory(name, nodes, mgmt_ips, data_ips, key, args.data_mtu, str(mgmt.network_address + 1))
+        list(pool.map(lambda a: wait_ready(a[0], a[1], key, kind=kind), zip(nodes, mgmt_ips)))
+    inv = write_inventory(name, nodes, mgmt_ips, data_ips, key, args.data_mtu, str(mgmt.network_address + 1),
+                          kind)
     took = time.monotonic() - t0
     (state_dir(name) / "bringup_seconds").write_text(f"{took:.1f}\n")
-    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} nodes, data MTU {args.data_mtu}, "
+    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} {kind} nodes, data MTU {args.data_mtu}, "
         f"inventory {inv.relative_to(REPO)}")
 
 
@@ -632,7 +682,8 @@ def main() -> int:
     up.add_argument("--no-train-image", action="store_true", help="skip building/pushing the training image")
     up.add_argument("--kind", choices=KINDS, default="node",
                     help="node: docker-in-docker GPU-node look-alikes (default); plain: rented containers "
-                         "(sshd and Python only, SSH on mapped ports of 127.0.0.1, an overlay and a bridge network)")
+                         "(sshd and Python only, SSH on mapped ports of 127.0.0.1, an overlay and a bridge network); "
+                         "light: sshd and Python only on the node kind's networks, for scale measurements")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down")
     down.add_argument("--name", default=DEFAULT_NAME)

@@ -136,8 +136,45 @@ HV = {"n1": {"network_iface": "eth1", "network_address": "10.0.0.1", "_network_m
       "n3": {"network_iface": "ens5", "network_address": "", "_network_mtu": 1500}}
 
 
-def test_peers_leave_out_self_and_nodes_without_an_address():
-    assert filters.network_peers(HV, ["n1", "n2", "n3"], "n1") == [{"name": "n2", "address": "10.0.0.2"}]
+def test_path_plan_full_mesh_leaves_out_self_and_names_nodes_without_an_address():
+    plan = filters.network_path_plan(HV, ["n1", "n2", "n3"], "n1", 16, 2, 0)
+    assert plan["peers"] == [{"name": "n2", "address": "10.0.0.2"}]
+    cov = plan["coverage"]
+    assert cov["scheme"] == "full mesh" and cov["unaddressed"] == ["n3"] and cov["probes"] == 1
+    assert cov["text"] == "full mesh: 1 of 1 node pairs, each from both ends; this node probes 1 and is probed by 1"
+
+
+def _hv_two_subnets(n):
+    hv = {}
+    for i in range(1, n + 1):
+        addr = f"10.{i % 2}.0.{i}"
+        hv[f"n{i}"] = {"network_iface": "eth1", "network_address": addr, "_network_mtu": 9000,
+                       "__network_facts": {"interfaces": {"eth1": {"nets": [f"{addr}/24"]}}}}
+    return hv
+
+
+def test_path_plan_above_the_limit_probes_few_peers_and_states_the_coverage():
+    hv = _hv_two_subnets(40)
+    hosts = list(hv)
+    plans = {h: filters.network_path_plan(hv, hosts, h, 16, 2, 0) for h in hosts}
+    assert all(len(p["peers"]) <= 8 for p in plans.values())
+    cov = plans["n1"]["coverage"]
+    assert cov["scheme"] == "ring + sample" and cov["full_mesh_pairs"] == 780 and cov["subnet_pairs"] == 3
+    assert f"{cov['pairs']} of 780 node pairs" in cov["text"]
+    # Every node probes or is probed; the pairs the nodes probe add up to the scheme's count.
+    probed = {p["name"] for plan in plans.values() for p in plan["peers"]}
+    assert probed | {h for h, plan in plans.items() if plan["peers"]} == set(hosts)
+    assert sum(len(p["peers"]) for p in plans.values()) == cov["pairs"]
+
+
+def test_a_failing_sampled_pair_is_named_by_both_ends():
+    hv = _hv_two_subnets(20)
+    hv["n7"]["_network_mtu"] = 1500
+    plan = filters.network_path_plan(hv, list(hv), "n3", 16, 1, 0)
+    probes = {p["name"]: {"address": p["address"], "full": {"ok": p["name"] != "n7", "outcome": "lost"},
+                          "base": {"ok": True, "outcome": "ok"}} for p in plan["peers"] + [{"name": "n7", "address": "x"}]}
+    v = filters.network_path_diagnosis(probes, "n3", hv, list(hv), 9000)
+    assert not v["ok"] and "n3 -> n7" in v["detail"] and "MTU n3 eth1 9000, n7 eth1 1500" in v["detail"]
 
 
 def test_uniformity_filter():

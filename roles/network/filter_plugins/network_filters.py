@@ -22,14 +22,27 @@ def network_bridge_text(bridge):
     return "%s MTU %s%s" % (bridge.get("name"), bridge.get("mtu"), "" if bridge.get("up") else " (down)")
 
 
-def network_peers(hostvars, hosts, me):
-    """[{name, address}] of the other hosts that have a data address."""
-    out = []
+def network_path_plan(hostvars, hosts, me, full_mesh_max=16, samples=2, seed=0):
+    """The peers this node probes for the path-MTU proof and the coverage of the whole scheme
+    (netcheck.path_pairs): {peers: [{name, address}], coverage: {scheme, pairs, full_mesh_pairs, subnet_pairs,
+    samples, seed, probes, probed_by, unaddressed, text}}. Subnets are read only above full_mesh_max."""
+    addrs = {}
     for h in hosts:
-        addr = hostvars[h].get("network_address") if h in hostvars else None
-        if h != me and addr:
-            out.append({"name": h, "address": addr})
-    return out
+        addrs[h] = (hostvars[h].get("network_address") if h in hostvars else None) or ""
+    addressed = [h for h in hosts if addrs[h]]
+    subnets = {}
+    if len(addressed) > int(full_mesh_max):
+        for h in addressed:
+            facts = hostvars[h].get("__network_facts") or {}
+            link = (facts.get("interfaces") or {}).get(hostvars[h].get("network_iface") or "")
+            subnets[h] = netcheck.subnet_of(link, addrs[h])
+    plan = netcheck.path_pairs(addressed, subnets, int(full_mesh_max), int(samples), int(seed))
+    mine = plan["probes"].get(me, [])
+    coverage = {k: plan[k] for k in ("scheme", "pairs", "full_mesh_pairs", "subnet_pairs", "samples", "seed")}
+    coverage.update(probes=len(mine), probed_by=sum(1 for peers in plan["probes"].values() if me in peers),
+                    unaddressed=[h for h in hosts if not addrs[h] and h != me],
+                    text=netcheck.coverage_text(plan, me if me in plan["probes"] else None))
+    return {"peers": [{"name": p, "address": addrs[p]} for p in mine], "coverage": coverage}
 
 
 def network_iface_verdict(selected, host, requested="", uniformity=None):
@@ -78,7 +91,7 @@ class FilterModule(object):
     def filters(self):
         return {
             "network_uniformity": network_uniformity,
-            "network_peers": network_peers,
+            "network_path_plan": network_path_plan,
             "network_bridge_text": network_bridge_text,
             "network_cluster_mtu": network_cluster_mtu,
             "network_iface_verdict": network_iface_verdict,

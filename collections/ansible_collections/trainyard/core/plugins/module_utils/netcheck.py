@@ -89,14 +89,19 @@ def on_link(link, address):
     if addr is None:
         return False
     for net in (link or {}).get("nets") or []:
-        local, _, prefix = net.partition("/")
-        base = _ipv4_int(local)
-        if base is None or not prefix.isdigit():
-            continue
-        mask = (0xFFFFFFFF << (32 - int(prefix))) & 0xFFFFFFFF if int(prefix) else 0
-        if base & mask == addr & mask:
+        parsed = _ipv4_net(net)
+        if parsed and parsed[1] & parsed[3] == addr & parsed[3]:
             return True
     return False
+
+
+def _ipv4_net(net):
+    """'a.b.c.d/p' -> (local text, local int, prefix, mask), or None."""
+    local, _, prefix = net.partition("/")
+    base = _ipv4_int(local)
+    if base is None or not prefix.isdigit():
+        return None
+    return local, base, int(prefix), (0xFFFFFFFF << (32 - int(prefix))) & 0xFFFFFFFF if int(prefix) else 0
 
 
 def iface_holding(links, address):
@@ -467,6 +472,110 @@ def diagnose(probes_by_src, mtus, expected, ifaces=None):
             if d:
                 out.append(d)
     return out
+
+
+# --------------------------------------------------------------------------- which pairs prove the path
+
+FULL_MESH = "full mesh"
+SAMPLED = "ring + sample"
+
+
+def subnet_of(link, address):
+    """The IPv4 subnet ('a.b.c.d/p', network address) of ``link`` that holds ``address``, or None."""
+    for net in (link or {}).get("nets") or []:
+        parsed = _ipv4_net(net)
+        if parsed and parsed[0] == address:
+            base = parsed[1] & parsed[3]
+            return "%d.%d.%d.%d/%d" % (base >> 24, (base >> 16) & 255, (base >> 8) & 255, base & 255, parsed[2])
+    return None
+
+
+def _seeded_order(hosts, seed, round_no):
+    """A permutation of ``hosts`` that depends only on the host list, the seed and the round."""
+    import hashlib
+    import random
+    key = "%s|%d|%s" % (seed, round_no, "\0".join(hosts))
+    rng = random.Random(int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:16], 16))
+    order = list(hosts)
+    rng.shuffle(order)
+    return order
+
+
+def path_pairs(hosts, subnets=None, full_mesh_max=16, samples=2, seed=0):
+    """Which node probes which, for the path-MTU proof.
+
+    Up to ``full_mesh_max`` nodes a full mesh: every node probes every other (n·(n-1) probes, each pair from
+    both ends). Above it, O(1) probes per node:
+      * a ring in the given host order (each node probes the next one: every node is in at least 2 pairs);
+      * ``samples`` rounds of a seeded random ring (a permutation of the hosts; the same seed and hosts give
+        the same pairs on every run, so re-runs are comparable);
+      * one representative pair for every pair of data subnets (and within every subnet of 2 or more nodes)
+        that the above left uncovered, between the least-loaded nodes of the two.
+    Each pair is probed from one end (a ping's echo crosses the path both ways at the full size).
+    ``subnets``: {host: subnet or None}. Returns {scheme, probes: {src: [dst, ...]}, pairs, full_mesh_pairs,
+    subnet_pairs, subnet_pairs_total, samples, seed}; ``pairs`` counts distinct node pairs proved."""
+    order = []
+    for h in hosts or []:
+        if h not in order:
+            order.append(h)
+    n = len(order)
+    full = n * (n - 1) // 2
+    subnets = subnets or {}
+    nets = sorted(set(v for v in (subnets.get(h) for h in order) if v))
+    members = dict((net, [h for h in order if subnets.get(h) == net]) for net in nets)
+    net_pairs = [(a, b) for i, a in enumerate(nets) for b in nets[i:] if a != b or len(members[a]) > 1]
+    result = {"scheme": FULL_MESH, "probes": {}, "pairs": full, "full_mesh_pairs": full, "samples": 0,
+              "seed": seed, "subnet_pairs": len(net_pairs), "subnet_pairs_total": len(net_pairs)}
+    if n <= max(int(full_mesh_max), 1):
+        result["probes"] = dict((h, [p for p in order if p != h]) for h in order)
+        return result
+    seen = set()
+    probes = dict((h, []) for h in order)
+    degree = dict((h, 0) for h in order)
+
+    def add(src, dst):
+        key = (src, dst) if src < dst else (dst, src)
+        if src == dst or key in seen:
+            return False
+        seen.add(key)
+        probes[src].append(dst)
+        degree[src] += 1
+        degree[dst] += 1
+        return True
+
+    for i, h in enumerate(order):
+        add(h, order[(i + 1) % n])
+    for r in range(max(0, int(samples))):
+        ring = _seeded_order(order, seed, r + 1)
+        for i, h in enumerate(ring):
+            add(h, ring[(i + 1) % n])
+    rank = dict((h, i) for i, h in enumerate(order))
+    for a, b in net_pairs:
+        if any((x, y) in seen or (y, x) in seen for x in members[a] for y in members[b] if x != y):
+            continue
+        src = min(members[a], key=lambda h: (degree[h], rank[h]))
+        dst = min((h for h in members[b] if h != src), key=lambda h: (degree[h], rank[h]))
+        if len(probes[dst]) < len(probes[src]):
+            src, dst = dst, src
+        add(src, dst)
+    result.update(scheme=SAMPLED, probes=probes, pairs=len(seen), samples=max(0, int(samples)))
+    return result
+
+
+def coverage_text(plan, host=None):
+    """One line for the record: which scheme, how many of the full mesh's pairs are proved, this node's share."""
+    full = plan["full_mesh_pairs"]
+    pct = " (%.1f%%)" % (100.0 * plan["pairs"] / full) if full else ""
+    if plan["scheme"] == FULL_MESH:
+        text = "full mesh: %d of %d node pairs, each from both ends" % (plan["pairs"], full)
+    else:
+        text = ("ring + %d seeded random ring%s (seed %s) + one pair per data subnet pair (%d): %d of %d node "
+                "pairs%s" % (plan["samples"], "" if plan["samples"] == 1 else "s", plan["seed"],
+                             plan["subnet_pairs_total"], plan["pairs"], full, pct))
+    if host is not None and host in plan["probes"]:
+        probed_by = sum(1 for peers in plan["probes"].values() if host in peers)
+        text += "; this node probes %d and is probed by %d" % (len(plan["probes"][host]), probed_by)
+    return text
 
 
 # --------------------------------------------------------------------------- rendezvous port

@@ -1,0 +1,499 @@
+"""The scale section of `make bench` (tests/bench/run.py --only scale): converged site.yml on light nodes.
+
+    python3 tests/bench/run.py --only scale --sizes 16,32,64 [--config-at 32]
+
+Per cluster size (light simulated nodes, `simcluster.py up --kind light`: sshd and Python only; the inventory
+turns the engine and torch roles off through the product's variables, and the launch play is left out with
+--skip-tags launch because it needs torch on the node):
+
+* a first site.yml run (converges the nodes), then converged re-runs (changed must be 0), each measured for
+  - wall time;
+  - controller CPU from cgroup accounting: ansible-playbook runs in a cpuacct cgroup of its own (its workers
+    and the SSH multiplexing masters it leaves behind stay in it), and the CPU of its main process alone
+    (sampled from /proc/<pid>/stat: the strategy loop, forks and result handling, which do not spread over
+    cores);
+  - node-side CPU from each node container's cpuacct cgroup (docker's cgroupfs driver);
+  - tasks per node (from the recap) and remote executions per node (every `ssh` Ansible runs, counted by a
+    wrapper named in ANSIBLE_SSH_EXECUTABLE; pipelined, one per module call);
+  - per-task wall time (profile_tasks, every task), with the tasks whose cost grows faster than linearly
+    summed apart: the pairwise path-MTU proof (the task that runs path_mtu_check, and that module's own
+    seconds from the report) and the cross-node comparisons (every task whose arguments read other hosts'
+    hostvars over a host list, found in the role task files, so the list follows the roles as they change).
+* optionally (--config-at N) the converged re-run at size N once per ansible.cfg setting put back to Ansible's
+  default, and once with Ansible's defaults altogether (tests/bench/ansible-defaults.cfg).
+
+model() fits the measured slopes and projects a converged run to 64, 256 and 1,024 nodes on a 16-core
+controller with the nodes in parallel; docs/benchmarks.md says how (the analysis part) and the table shows how
+far the model is off at each measured size. Raw results: docs/benchmarks-scale.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
+RAW = REPO / "docs/benchmarks-scale.json"
+SKIP = ["--skip-tags", "launch"]
+HZ = os.sysconf("SC_CLK_TCK")
+
+# ansible.cfg settings put back to Ansible's default, one at a time (environment overrides ansible.cfg).
+CONFIG_VARIANTS = {
+    "project ansible.cfg": {},
+    "forks 5 (default; project 64)": {"ANSIBLE_FORKS": "5"},
+    "pipelining off (default; project on)": {"ANSIBLE_PIPELINING": "False", "ANSIBLE_SSH_PIPELINING": "False"},
+    "internal_poll_interval 0.001 (default; project 0.01)": {"ANSIBLE_INTERNAL_POLL_INTERVAL": "0.001"},
+    "fact_caching jsonfile (project and default: memory)": {"ANSIBLE_CACHE_PLUGIN": "jsonfile"},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench:scale] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- accounting
+
+class CpuGroup:
+    """A cpuacct cgroup the measured ansible-playbook runs in (its children inherit it)."""
+
+    def __init__(self, name: str):
+        self.path = CGROUP_ROOT / name
+        self.ok = False
+        try:
+            self.path.mkdir(exist_ok=True)
+            self.ok = (self.path / "cgroup.procs").exists()
+        except OSError as e:
+            log(f"no cpuacct cgroup ({e}): controller CPU falls back to rusage of the children")
+
+    def usage_s(self) -> float | None:
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9 if self.ok else None
+
+    def enter(self) -> None:  # preexec_fn: runs in the child before exec
+        if self.ok:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def close(self) -> None:
+        """Stop what this bench left in the group (SSH multiplexing masters of a cluster now gone), remove it."""
+        if not self.ok:
+            return
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), 15)
+            except OSError:
+                pass
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)
+
+
+def container_cpu_s(ids: list[str]) -> float:
+    total = 0
+    for cid in ids:
+        f = CGROUP_ROOT / "docker" / cid / "cpuacct.usage"
+        total += int(f.read_text()) if f.exists() else 0
+    return total / 1e9
+
+
+def machine_busy_s() -> float:
+    """CPU-seconds the whole machine has been busy (every process, every core), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / HZ
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of the process itself (all its threads, not its children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+SSH_WRAPPER = """#!/bin/sh
+# Counts the SSH executions of the measured run: one line per call, naming the target (the argument before the
+# remote command), then runs the real ssh.
+eval "target=\\${$(($# - 1))}"
+printf '%s\\n' "$target" >> "$TRAINYARD_BENCH_SSH_LOG"
+exec ssh "$@"
+"""
+
+
+# --------------------------------------------------------------------------- parsing
+
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)")
+PROFILE = re.compile(r"^(.+?) -+ (\d+\.\d+)s$")
+
+
+def parse_recap(text: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for line in text.splitlines():
+        m = RECAP.match(line)
+        if m:
+            out[m.group(1)] = dict(zip(("ok", "changed", "unreachable", "failed", "skipped"),
+                                       map(int, m.groups()[1:])))
+    return out
+
+
+def parse_profile(text: str) -> list[tuple[str, float]]:
+    """profile_tasks' summary (every task, in execution order): [(\"role : task\", seconds)]."""
+    if "TASKS RECAP" not in text:
+        return []
+    rows = []
+    for line in text.split("TASKS RECAP", 1)[1].splitlines():
+        m = PROFILE.match(line.strip())
+        if m:
+            rows.append((m.group(1).strip(), float(m.group(2))))
+    return rows
+
+
+def _walk_tasks(items, role: str):
+    for t in items or []:
+        if not isinstance(t, dict):
+            continue
+        for key in ("block", "rescue", "always"):
+            if key in t:
+                yield from _walk_tasks(t[key], role)
+        if "name" in t and "block" not in t:
+            yield f"{role} : {t['name']}", t
+
+
+HOST_LISTS = ("ansible_play_hosts", "_hosts", "groups[", "groups.")
+
+
+def superlinear_tasks(roles_dir: Path = REPO / "roles") -> dict[str, str]:
+    """{'role : task name': class} for the tasks whose cost grows faster than linearly with the node count:
+    'path_mtu' (runs path_mtu_check: every node probes its peers) and 'cross_node' (reads other hosts' hostvars
+    over a host list: n lookups per node)."""
+    out = {}
+    for f in sorted(roles_dir.glob("*/tasks/*.yml")):
+        role = f.parts[-3]
+        try:
+            doc = yaml.safe_load(f.read_text())
+        except yaml.YAMLError:
+            continue
+        for name, task in _walk_tasks(doc if isinstance(doc, list) else [], role):
+            text = json.dumps(task)
+            if "path_mtu_check" in task:
+                out[name] = "path_mtu"
+            elif "hostvars" in text and any(h in text for h in HOST_LISTS):
+                out[name] = "cross_node"
+    return out
+
+
+def path_mtu_module_seconds(report: Path) -> list[float]:
+    """The path_mtu_check module's own wall time per node, from network.path_mtu's detail in report.json."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return []
+    out = []
+    for rec in data.get("records", []):
+        if rec.get("check") == "network.path_mtu":
+            m = re.search(r"\((\d+(?:\.\d+)?) s\)", rec.get("detail", ""))
+            if m:
+                out.append(float(m.group(1)))
+    return out
+
+
+# --------------------------------------------------------------------------- one measured run
+
+def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGroup, env_extra: dict | None = None,
+                 label: str = "") -> dict:
+    from conftest import ansible_env
+    ids = [subprocess.run(["docker", "inspect", "-f", "{{.Id}}", n], capture_output=True, text=True,
+                          check=True).stdout.strip() for n in nodes]
+    with tempfile.TemporaryDirectory(prefix="tybench-") as tmp:
+        wrapper = Path(tmp) / "ssh"
+        wrapper.write_text(SSH_WRAPPER)
+        wrapper.chmod(0o755)
+        ssh_log = Path(tmp) / "ssh.log"
+        ssh_log.touch()
+        env = ansible_env({"ANSIBLE_SSH_EXECUTABLE": str(wrapper), "TRAINYARD_BENCH_SSH_LOG": str(ssh_log),
+                           "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all", "PROFILE_TASKS_SORT_ORDER": "none"})
+        if env_extra:
+            env.update(env_extra)
+            if env_extra.get("ANSIBLE_CACHE_PLUGIN") == "jsonfile":
+                env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(Path(tmp) / "facts")
+        argv = [str(venv_bin / "ansible-playbook"), "-i", str(inventory), "site.yml", *SKIP]
+        ctrl0, node0, busy0 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
+        ru0 = os.times()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, preexec_fn=group.enter)
+        main_cpu = [0.0]
+
+        def sample():
+            while proc.poll() is None:
+                v = proc_cpu_s(proc.pid)
+                if v is not None:
+                    main_cpu[0] = v
+                time.sleep(0.2)
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        out = proc.communicate()[0]
+        wall = time.monotonic() - t0
+        th.join()
+        ru1 = os.times()
+        ctrl1, node1, busy1 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
+        targets = ssh_log.read_text().split()
+    recap = {h: v for h, v in parse_recap(out).items() if h != "localhost"}
+    n = len(nodes)
+    profile = parse_profile(out)
+    classes = superlinear_tasks()
+    by_class: dict[str, float] = {"path_mtu": 0.0, "cross_node": 0.0}
+    for name, secs in profile:
+        if name in classes:
+            by_class[classes[name]] += secs
+    ctrl = (ctrl1 - ctrl0) if ctrl0 is not None else ((ru1.children_user + ru1.children_system)
+                                                        - (ru0.children_user + ru0.children_system))
+    per_host_tasks = [v["ok"] + v["failed"] + v["skipped"] for v in recap.values()]
+    per_host_run = [v["ok"] + v["failed"] for v in recap.values()]
+    pmtu = path_mtu_module_seconds(REPO / "runs/latest/report.json")
+    row = {
+        "label": label, "nodes": n, "rc": proc.returncode, "wall_s": round(wall, 2),
+        "changed": sum(v["changed"] for v in recap.values()) if recap else None,
+        "failed": sum(v["failed"] + v["unreachable"] for v in recap.values()) if recap else None,
+        "controller_cpu_s": round(ctrl, 2), "controller_main_cpu_s": round(main_cpu[0], 2),
+        "controller_cpu_source": "cgroup" if ctrl0 is not None else "rusage",
+        "node_cpu_s": round(node1 - node0, 2),
+        # Everything else the machine ran meanwhile (other users' work shares the same cores).
+        "others_cpu_s": round((busy1 - busy0) - ctrl - (node1 - node0), 2),
+        "cores": os.cpu_count(),
+        "tasks_per_node": round(statistics.mean(per_host_tasks), 1) if per_host_tasks else None,
+        "tasks_run_per_node": round(statistics.mean(per_host_run), 1) if per_host_run else None,
+        "ssh_execs": len(targets), "ssh_execs_per_node": round(len(targets) / n, 1),
+        "path_mtu_task_s": round(by_class["path_mtu"], 2), "cross_node_task_s": round(by_class["cross_node"], 2),
+        "path_mtu_module_s_median": round(statistics.median(pmtu), 3) if pmtu else None,
+        "tasks_timed": len(profile), "profile": profile,
+        "cross_node_tasks": sorted(k for k, v in classes.items() if v == "cross_node"),
+    }
+    if proc.returncode != 0:
+        row["output_tail"] = out[-3000:]
+    log(f"{label or 'run'} {n} nodes: {row['wall_s']} s, changed {row['changed']}, controller {row['controller_cpu_s']} "
+        f"CPU-s (main {row['controller_main_cpu_s']}), nodes {row['node_cpu_s']} CPU-s, others {row['others_cpu_s']} "
+        f"CPU-s, {row['tasks_per_node']} "
+        f"tasks and {row['ssh_execs_per_node']} ssh per node, path MTU {row['path_mtu_task_s']} s, cross-node "
+        f"{row['cross_node_task_s']} s")
+    return row
+
+
+def bench_scale(sizes: list[int], repeats: int, config_at: int | None) -> dict:
+    from conftest import SIM, BIN
+    results: dict = {"sizes": [], "config": [], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "commit": os.environ.get("TRAINYARD_BENCH_COMMIT") or subprocess.run(
+                         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()}
+    group = CpuGroup(f"trainyard-bench-{os.getpid()}")
+    # The size with the ansible.cfg runs goes last: the scale table is complete before the longest part.
+    try:
+        for n in sorted(sizes, key=lambda x: (x == config_at, x)):
+            name = f"hn{n}"
+            t0 = time.monotonic()
+            subprocess.run([*SIM, "up", "--name", name, "--nodes", str(n), "--kind", "light"], cwd=REPO,
+                           check=True)
+            up = time.monotonic() - t0
+            meta = json.loads((REPO / ".sim" / name / "cluster.json").read_text())
+            inv = Path(meta["inventory"])
+            try:
+                first = measured_run(BIN, inv, meta["nodes"], group, label="first")
+                reruns = []
+                entry = {"nodes": n, "bringup_s": round(up, 1), "first": first, "reruns": reruns, "median": None}
+                for i in range(max(1, repeats)):
+                    reruns.append(measured_run(BIN, inv, meta["nodes"], group, label=f"re-run {i + 1}"))
+                    entry["median"] = sorted(reruns, key=lambda r: r["wall_s"])[(len(reruns) - 1) // 2]
+                    if entry not in results["sizes"]:
+                        results["sizes"].append(entry)
+                    RAW.write_text(json.dumps(results, indent=1) + "\n")  # a run cut short keeps what it measured
+                if config_at == n:
+                    for label, env in CONFIG_VARIANTS.items():
+                        results["config"].append(measured_run(BIN, inv, meta["nodes"], group, env_extra=env,
+                                                              label=label))
+                        RAW.write_text(json.dumps(results, indent=1) + "\n")
+            finally:
+                subprocess.run([*SIM, "down", "--name", name], cwd=REPO, check=False)
+    finally:
+        group.close()
+    return results
+
+
+# --------------------------------------------------------------------------- model
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b·x -> (a, b); one point gives (y, 0)."""
+    if len(xs) < 2:
+        return (ys[0] if ys else 0.0), 0.0
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def fit_growth(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """fit_line for a per-node cost, with a slope of at least 0: a per-node cost that falls with n is the run's
+    fixed start-up cost spread over more nodes (and noise), not an economy of scale to extrapolate."""
+    a, b = fit_line(xs, ys)
+    return (a, b) if b >= 0 else (statistics.mean(ys), 0.0)
+
+
+def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0.001,
+          project_to: tuple[int, ...] = (64, 256, 1024)) -> dict:
+    """Fit the per-node costs on the measured points (converged re-runs) and project the wall time.
+
+    points: [{nodes, wall_s, controller_cpu_s, controller_main_cpu_s, node_cpu_s, others_cpu_s, cores,
+    ssh_execs_per_node}]. Per node, each cost is fitted as a + b·n (b: what grows faster than linearly in all):
+      serial(n)   = n·(s0 + s1·n)   the main process's CPU (strategy loop, forks, results): one core at most
+      parallel(n) = n·(w0 + w1·n)   the workers' CPU (controller CPU less the main process): spreads over cores
+      node(n)     =    c0 + c1·n    one node's CPU (its module runs, its sshd)
+    Checked here, where the controller and every node share the machine's cores with other users' work:
+      CPU(n) = serial(n) + parallel(n) + n·node(n), against the CPU measured;
+      T_here(n) = max(serial(n), CPU(n) / cores_got), cores_got = cores - (others' CPU / wall) of that run.
+    Projected on a cluster (a controller of `cores` cores to itself, each node its own CPUs, at most `forks`
+    workers at once):
+      T(n) = serial(n) + parallel(n) / min(cores, forks, n) + node(n) + execs_per_node·rtt
+    (additive: a task's controller and node parts are taken not to overlap, so this errs long).
+    """
+    pts = sorted(points, key=lambda p: p["nodes"])
+    ns = [p["nodes"] for p in pts]
+    s0, s1 = fit_growth(ns, [p["controller_main_cpu_s"] / p["nodes"] for p in pts])
+    w0, w1 = fit_growth(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"]) / p["nodes"] for p in pts])
+    c0, c1 = fit_growth(ns, [p["node_cpu_s"] / p["nodes"] for p in pts])
+    execs = statistics.mean(p["ssh_execs_per_node"] for p in pts) if pts else 0.0
+    fit = {"s0": s0, "s1": s1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs}
+
+    def check(p, f):
+        n = p["nodes"]
+        serial = n * (f["s0"] + f["s1"] * n)
+        cpu = serial + n * (f["w0"] + f["w1"] * n) + n * (f["c0"] + f["c1"] * n)
+        measured_cpu = p["controller_cpu_s"] + p["node_cpu_s"]
+        got = max(0.05, p.get("cores", 2) - max(0.0, p.get("others_cpu_s", 0.0)) / p["wall_s"])
+        wall = max(serial, cpu / got)
+        return {"nodes": n, "cpu_s": round(measured_cpu, 1), "cpu_model_s": round(cpu, 1),
+                "cpu_error_pct": round(100 * (cpu - measured_cpu) / measured_cpu, 1), "cores_got": round(got, 2),
+                "measured_s": p["wall_s"], "model_s": round(wall, 1),
+                "error_pct": round(100 * (wall - p["wall_s"]) / p["wall_s"], 1)}
+
+    checks = [check(p, fit) for p in pts]
+    holdout = None
+    if len(pts) >= 3:  # extrapolation: fitted without the largest size, predicting it
+        holdout = dict(check(pts[-1], model(pts[:-1], cores, forks, rtt_s, ())["fit"]), fitted_on=ns[:-1])
+
+    def cluster(n):
+        par = n * (w0 + w1 * n) / max(1, min(cores, forks, n))
+        return {"nodes": n, "serial_s": round(n * (s0 + s1 * n), 1), "parallel_s": round(par, 1),
+                "node_s": round(c0 + c1 * n, 1),
+                "wall_s": round(n * (s0 + s1 * n) + par + c0 + c1 * n + execs * rtt_s, 1)}
+
+    return {"fit": fit, "assumptions": {"cores": cores, "forks": forks, "rtt_s": rtt_s}, "checks": checks,
+            "holdout": holdout, "projection": [cluster(n) for n in project_to]}
+
+
+# --------------------------------------------------------------------------- report
+
+def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    head = "| " + " | ".join(h for h, _, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = ""
+    for r in rows:
+        cells = []
+        for _, key, fmt in cols:
+            v = r.get(key)
+            cells.append(format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
+def _row(n: int, kind: str, r: dict) -> dict:
+    busy = r["controller_cpu_s"] + r["node_cpu_s"]
+    return {"nodes": n, "run": kind, "wall": r["wall_s"], "rc": r["rc"], "changed": r["changed"],
+            "ctrl": r["controller_cpu_s"] / n, "main": r["controller_main_cpu_s"] / n, "node": r["node_cpu_s"] / n,
+            "share": busy / (busy + max(0.0, r.get("others_cpu_s") or 0.0)), "tasks": r["tasks_per_node"],
+            "ran": r.get("tasks_run_per_node"), "execs": r["ssh_execs_per_node"], "pmtu": r["path_mtu_task_s"],
+            "pmtu_mod": r.get("path_mtu_module_s_median"), "cross": r["cross_node_task_s"]}
+
+
+def _model_sections(title: str, pts: list[dict]) -> list[str]:
+    m = model(pts)
+    f = m["fit"]
+    a = m["assumptions"]
+    fit_txt = (f"Fit (per node, n nodes): main process {f['s0']:.3f} + {f['s1']:.5f}·n CPU-s; workers "
+               f"{f['w0']:.3f} + {f['w1']:.5f}·n CPU-s; one node {f['c0']:.3f} + {f['c1']:.5f}·n CPU-s; "
+               f"{f['execs_per_node']:.1f} remote executions per node.")
+    hold = m["holdout"]
+    hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives "
+                f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
+                f"({hold['cpu_error_pct']:+.1f}%), and a wall of {hold['model_s']} s against {hold['measured_s']} s "
+                f"({hold['error_pct']:+.1f}%)." if hold else
+                "\n\nTwo sizes only: each line goes through both points unless its slope was held at 0, so this check "
+                "says little; a third size gives the extrapolation check.")
+    return [f"### Model on the {title}, against the measured points\n\nThis machine: its cores shared by the "
+            "controller, every node and other users' work (cores got = cores less the others' CPU over the run's "
+            f"wall).\n\n{fit_txt}{hold_txt}\n\n"
+            + table(m["checks"], [("nodes", "nodes", "d"), ("CPU s", "cpu_s", ".1f"),
+                                  ("model CPU s", "cpu_model_s", ".1f"), ("CPU off by %", "cpu_error_pct", "+.1f"),
+                                  ("cores got", "cores_got", ".2f"), ("wall s", "measured_s", ".1f"),
+                                  ("model wall s", "model_s", ".1f"), ("wall off by %", "error_pct", "+.1f")]),
+            f"### Projection from the {title}: a {a['cores']}-core controller, nodes in parallel (forks {a['forks']}, "
+            f"{a['rtt_s'] * 1000:.0f} ms per remote execution)\n\n"
+            + table(m["projection"], [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),
+                                      ("workers / cores s", "parallel_s", ".1f"), ("one node s", "node_s", ".1f"),
+                                      ("projected wall s", "wall_s", ".1f")])]
+
+
+def sections(results: dict, command: str, machine: str) -> list[str]:
+    sizes = sorted(results["sizes"], key=lambda e: e["nodes"])
+    rows = []
+    for e in sizes:
+        rows.append(_row(e["nodes"], "first", e["first"]))
+        if e.get("median"):
+            rows.append(_row(e["nodes"], "converged", e["median"]))
+    out = [f"## Scale: converged site.yml on light nodes\n\nMachine: {machine}  \nDate: {results['date']} "
+           f"(commit {results['commit']})  \nCommand: `{command}`  \nRaw: `docs/benchmarks-scale.json`"
+           + (f"  \nNote: {results['note']}" if results.get("note") else "") + "\n\n"
+           "Light simulated nodes (`simcluster.py up --kind light`: sshd and Python only; container_enabled false, "
+           "launch_runtime host, nccl_check_enabled false; `--skip-tags launch`). CPU from cgroup accounting, per "
+           "node; share = this run's CPU over all the machine's busy CPU meanwhile (other users' work included); "
+           "tasks per node from the recap (ran = not skipped); remote executions = `ssh` calls per node (one per "
+           "module call, pipelined); path MTU = the task that runs path_mtu_check (its module's own median seconds "
+           "beside it); cross-node = the summed wall time of every task that reads other hosts' hostvars over a host "
+           "list.\n\n" + table(rows, [
+               ("nodes", "nodes", "d"), ("run", "run", ""), ("wall s", "wall", ".1f"), ("rc", "rc", ""),
+               ("changed", "changed", ""), ("controller CPU s/node", "ctrl", ".2f"),
+               ("of it main process s/node", "main", ".2f"), ("node CPU s/node", "node", ".2f"),
+               ("share", "share", ".2f"), ("tasks/node", "tasks", ""), ("ran/node", "ran", ""),
+               ("remote execs/node", "execs", ""), ("path MTU task s", "pmtu", ".2f"),
+               ("path MTU module s", "pmtu_mod", ""), ("cross-node tasks s", "cross", ".2f")])]
+    # A run whose trainers all finished their tasks (failed 0) measured the whole workload, whatever its rc.
+    for title, pts in (("converged re-runs", [e["median"] for e in sizes if e.get("median")]),
+                       ("first runs", [e["first"] for e in sizes])):
+        pts = [p for p in pts if p.get("failed") in (0, None) and p.get("changed") is not None]
+        if len(pts) >= 2:
+            out += _model_sections(title, pts)
+    if results.get("config"):
+        base = next((r for r in results["config"] if r["label"] == "project ansible.cfg"), None)
+        rows = []
+        for r in results["config"]:
+            cpu = r["controller_cpu_s"] + r["node_cpu_s"]
+            rows.append({"setting": r["label"], "wall": r["wall_s"], "rc": r["rc"], "changed": r["changed"],
+                         "ctrl": r["controller_cpu_s"], "node": r["node_cpu_s"], "execs": r["ssh_execs_per_node"],
+                         "ratio": (r["wall_s"] / base["wall_s"]) if base else None,
+                         "cpu_ratio": cpu / (base["controller_cpu_s"] + base["node_cpu_s"]) if base else None})
+        out.append(f"### ansible.cfg against Ansible's defaults, one setting at a time ({results['config'][0]['nodes']} "
+                   "light nodes, converged re-run each)\n\n" + table(rows, [
+                       ("setting", "setting", ""), ("wall s", "wall", ".1f"), ("rc", "rc", ""),
+                       ("changed", "changed", ""), ("controller CPU s", "ctrl", ".1f"), ("node CPU s", "node", ".1f"),
+                       ("ssh calls/node", "execs", ""), ("wall / project", "ratio", ".2f"),
+                       ("CPU / project", "cpu_ratio", ".2f")]))
+    return out
