@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-import netcheck as nc
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck as nc
 
 
 def undirected(plan):
