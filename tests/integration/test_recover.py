@@ -22,7 +22,11 @@ RW = f"{STATE}/job-rw"
 OUT = "/srv/outputs"
 ARGV = ["--steps", "5000", "--save-every", "5", "--sleep", "0.3", "--output-root", OUT, "--shard-checkpoint",
         "--shard-copies", "2"]
-EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "launch_wait_timeout": 600})]
+# The launch playbook of the tests starts the example with launch_example_argv; recover.yml renders the job's
+# arguments with the train_args role, as site.yml does: both get the same sharded example.
+OPTIONS = {"--steps": 5000, "--save-every": 5, "--sleep": 0.3, "--output-root": OUT, "--shard-checkpoint": True,
+           "--shard-copies": 2}
+EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "train_args_options": OPTIONS, "launch_wait_timeout": 600})]
 
 
 def wait_until(pred, timeout, step=1.0):
