@@ -42,7 +42,12 @@ def test_render_play_on_the_simulated_cluster(cluster):
         env = envs[node]
         assert env["NODE_RANK"] == str(rank)
         assert env["MASTER_ADDR"] == cluster.data[cluster.head]
-        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth1"  # the data network, not eth0
+        # The interface that holds the node's data address (eth1 at bring-up; a restarted node container may get
+        # its networks in another order), never the management one.
+        addrs = cluster.exec(node, ["ip", "-o", "-4", "addr", "show"]).stdout
+        data_iface = next(line.split()[1] for line in addrs.splitlines()
+                          if f" {cluster.data[node]}/" in line)
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == data_iface, addrs
         assert env["NNODES"] == "3" and env["NCCL_IB_DISABLE"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     same = [{k: v for k, v in e.items() if k != "NODE_RANK"} for e in envs.values()]
     assert same[0] == same[1] == same[2]
