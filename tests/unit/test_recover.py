@@ -219,3 +219,20 @@ def test_unreachable_reason_keeps_the_cause_only():
            'ssh: ssh: connect to host 10.0.0.3 port 22: Connection timed out')
     p = rc.plan_survivors(["a", "b", "c"], {"c": why}, {}, 1)
     assert p["dropped"][0]["reason"] == "unreachable: ssh: connect to host 10.0.0.3 port 22: Connection timed out"
+
+
+def test_list_shards_never_lists_a_symlink_the_job_planted(tmp_path):
+    """Root copies the listed shards between nodes: a symlinked shard or tag directory is not a shard."""
+    secret = tmp_path / "secret"
+    secret.write_text("root only")
+    ckpt = bt.write_checkpoint(tmp_path / "out", 4)
+    tag = ckpt / "global_step4"
+    shard = tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    shard.unlink()
+    shard.symlink_to(secret)
+    got = rc.list_shards(str(ckpt))
+    assert got["files"][1] == ["global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"]
+    elsewhere = tmp_path / "elsewhere"
+    tag.rename(elsewhere)
+    tag.symlink_to(elsewhere)
+    assert rc.list_shards(str(ckpt))["ranks"] == []

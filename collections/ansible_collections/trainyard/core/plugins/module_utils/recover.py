@@ -128,6 +128,23 @@ def shard_ranks(name):
     return None
 
 
+def _plain_file(root, relpath):
+    """True when every component of root/relpath below root is a real directory or, last, a regular file."""
+    import stat
+    path = root
+    parts = relpath.split("/")
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        want = stat.S_ISREG if i == len(parts) - 1 else stat.S_ISDIR
+        if not want(st.st_mode):
+            return False
+    return True
+
+
 def list_shards(checkpoint):
     """What one checkpoint directory holds: {format, ranks: [..], world_size, tag, files: {rank: [relative path]},
     complete (marker present), universal (already converted)}. Reads names only, never a file's content except
@@ -148,7 +165,9 @@ def list_shards(checkpoint):
         out["universal"] = os.path.isfile(os.path.join(checkpoint, UNIVERSAL_EXAMPLE, MARKER))
     for prefix, name in where:
         found = shard_ranks(name)
-        if not found:
+        # The job writes these directories and root copies the shards between nodes: a symlink (or anything but a
+        # plain file, or one inside a symlinked tag directory) is not a shard, so root never reads through it.
+        if not found or not _plain_file(checkpoint, prefix + name):
             continue
         fmt, rank, world = found
         out["format"] = out["format"] or fmt
