@@ -56,10 +56,10 @@ demo: sim-up ## run site.yml on a 3-node simulated cluster and leave it running
 	@echo "  Job status:     $(VENV)/bin/ansible-playbook -i inventory/sim playbooks/status.yml"
 	@echo "  Tear it down:   make sim-down"
 
-lint: venv ## yamllint, ansible-lint (production profile) and pyflakes over the product's Python
+lint: venv ## yamllint, ansible-lint (production profile) and pyflakes over the product's Python and its tests
 	yamllint -s .
 	ansible-lint -q --profile production
-	pyflakes library action_plugins filter_plugins callback_plugins inventory_plugins collections roles/*/filter_plugins roles/*/files
+	pyflakes library action_plugins filter_plugins callback_plugins inventory_plugins collections roles/*/filter_plugins roles/*/files tests
 
 unit: venv ## unit and property tests (no cluster needed)
 	pytest -q tests/unit

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import tempfile

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,25 @@ def run_playbook(inventory: Path | str, playbook: str, *args: str, env: dict[str
                  timeout: int = 900) -> subprocess.CompletedProcess:
     """ansible-playbook from the repo root; stdout and stderr together in .stdout."""
     argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
-    return subprocess.run(argv, cwd=REPO, env=ansible_env(env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    r = subprocess.run(argv, cwd=REPO, env=ansible_env(env), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if r.returncode != 0:
+        r.stdout += failed_tasks(r.stdout)
+    return r
+
+
+def failed_tasks(output: str, width: int = 1500) -> str:
+    """The failed tasks of a run, each under its task header, repeated at the end of its output.
+
+    A failing test shows the tail of a run's output; the task that failed may be thousands of lines above it.
+    """
+    lines, task, out = output.splitlines(), "", []
+    for line in lines:
+        if line.startswith("TASK ["):
+            task = line.rstrip("* ")
+        elif line.startswith(("fatal: [", "failed: [")) or (line.startswith("ERROR!") and not out):
+            out += [task, line[:width]]
+    return "\n#### failed tasks of this run (repeated from above)\n" + "\n".join(out) + "\n" if out else ""
 
 
 class SimCluster:
@@ -84,6 +102,45 @@ class SimCluster:
     def playbook(self, playbook: str, *args: str, env: dict[str, str] | None = None,
                  timeout: int = 900) -> subprocess.CompletedProcess:
         return run_playbook(self.inventory, playbook, *args, env=env, timeout=timeout)
+
+    def start(self, node: str, timeout: float = 120) -> None:
+        """Start a stopped node again and wait for SSH and its own engine, with its interfaces named as at bring-up.
+
+        Docker 20.10 attaches a restarted container's networks in no fixed order, so the data network may come back
+        as eth0; the node's names are swapped back (eth0 management, eth1 data) and the default route restored, so
+        a test after a restart sees the cluster the sim brought up.
+        """
+        subprocess.run(["docker", "start", node], check=True, capture_output=True, timeout=timeout)
+        addrs = self.exec(node, ["ip", "-o", "-4", "addr", "show"]).stdout
+        data_iface = next((ln.split()[1] for ln in addrs.splitlines() if f" {self.data[node]}/" in ln), "eth1")
+        if data_iface == "eth0":
+            route = self.exec(node, ["ip", "route", "show", "default"]).stdout.split()
+            script = ("ip link set eth0 down && ip link set eth1 down && ip link set eth0 name tyswap && "
+                      "ip link set eth1 name eth0 && ip link set tyswap name eth1 && ip link set eth0 up && "
+                      "ip link set eth1 up")
+            if len(route) >= 3 and route[1] == "via":
+                script += f" && ip route replace default via {route[2]}"
+            self.exec(node, ["sh", "-c", script])
+        self._wait(node, lambda: self.ssh(node, ["true"], check=False, timeout=30).returncode == 0, timeout, "SSH")
+        if self.meta.get("kind", "node") != "node":
+            return
+        engine = lambda: self.exec(node, ["docker", "info"], check=False).returncode == 0  # noqa: E731
+        if not self._wait(node, engine, 60, None):
+            # The node's engine may miss its start under load (containerd timeout): node-init starts it again (its
+            # sshd exits at once, the port being taken).
+            self.exec(node, ["sh", "-c", "rm -f /var/run/docker.pid; exec /usr/local/sbin/node-init"], detach=True)
+            self._wait(node, engine, 180, "its docker engine")
+
+    @staticmethod
+    def _wait(node: str, ready, timeout: float, what: str | None) -> bool:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                if what:
+                    raise AssertionError(f"{node}: no {what} {timeout:.0f} s after docker start")
+                return False
+            time.sleep(0.5)
+        return True
 
     def set_mtu(self, node: str, mtu: int, iface: str = "eth1") -> None:
         self.exec(node, ["ip", "link", "set", "dev", iface, "mtu", str(mtu)])

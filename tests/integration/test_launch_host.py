@@ -9,9 +9,7 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest

@@ -105,7 +105,7 @@ def test_mtu_mismatch_verify_only_names_the_node_the_pairs_and_the_fix(aligned, 
     assert all(recap[n]["changed"] == 0 for n in cluster.nodes)
     mtu = records[low]["network.mtu"]
     assert mtu["status"] == "fail" and "1500" in mtu["detail"] and "9000" in mtu["detail"] and low in mtu["detail"]
-    assert f"ip link set dev eth1 mtu 9000" in mtu["fix"]
+    assert "ip link set dev eth1 mtu 9000" in mtu["fix"]
     for node in cluster.nodes:
         if node == low:
             continue

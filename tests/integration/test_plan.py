@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, parse_recap
+from conftest import parse_recap
 
 NAME = os.environ.get("TY_SIM_NAME", "pl") + "pl"
 ENV_FILE = "/var/lib/trainyard/train/job-ro/nccl.env"  # the job's read-only directory

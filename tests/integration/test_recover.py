@@ -77,14 +77,7 @@ def lost(cluster):
         before = max(complete_steps(cluster, cluster.head))
         yield cluster, victim, before
     finally:
-        subprocess.run(["docker", "start", victim], check=False, capture_output=True, timeout=120)
-        wait_until(lambda: cluster.ssh(victim, ["true"], check=False).returncode == 0, 120)
-        # The node's own engine may miss its start under load (containerd timeout): start it again, as node-init does.
-        if not wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 60, 2):
-            cluster.exec(victim, ["sh", "-c", "rm -f /var/run/docker.pid; dockerd --storage-driver=overlay2 "
-                                  "--insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 "
-                                  ">>/var/log/dockerd.log 2>&1"], detach=True)
-            wait_until(lambda: cluster.exec(victim, ["docker", "info"], check=False).returncode == 0, 180, 2)
+        cluster.start(victim)
         cluster.playbook(LAUNCH, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
 
 

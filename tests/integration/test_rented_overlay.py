@@ -79,7 +79,7 @@ def test_site_runs_the_job_on_the_overlay_then_reset(rented):
     rec = {(x["host"], x["check"]): x for x in report["records"]}
     for host, node in zip(hosts, nodes):
         assert rec[(host, "network.iface")]["status"] == "pass"
-        assert rec[(host, "network.iface")]["detail"].startswith(f"eth1 (") and overlay[node] in \
+        assert rec[(host, "network.iface")]["detail"].startswith("eth1 (") and overlay[node] in \
             rec[(host, "network.iface")]["detail"]
         # The overlay's MTU measured (cluster_data_mtu 0), proven between the nodes, never set.
         assert rec[(host, "network.mtu")]["status"] == "pass" and f"MTU {OVERLAY_MTU}" in rec[(host, "network.mtu")]["detail"]

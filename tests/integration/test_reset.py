@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, parse_recap, run_playbook
+from conftest import BIN, REPO, parse_recap
 
 STATE_ROOT = "/var/lib/trainyard"
 PORT = 39500
@@ -122,17 +121,6 @@ def job_reset_adhoc(cluster, limit=None, check=False, extra=None):
     return r, out
 
 
-def restart_node(cluster, node):
-    """Start a stopped node again (its init brings back sshd and dockerd) and wait until SSH answers."""
-    import subprocess
-    subprocess.run(["docker", "start", node], check=True, capture_output=True)
-    for _ in range(60):
-        if cluster.ssh(node, ["true"], check=False).returncode == 0:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{node}: no SSH after restart")
-
-
 def cleanup_node(cluster, node, decoy_pid=None):
     if decoy_pid:
         cluster.exec(node, ["kill", decoy_pid], check=False)
@@ -205,7 +193,7 @@ def test_job_reset_reports_a_foreign_listener_and_still_cleans_other_nodes(clust
             mid = cluster.nodes[1]
             assert res[mid][0] == "CHANGED" and not pids_with_token(cluster, mid, states[mid]["token"])
         finally:
-            restart_node(cluster, down)
+            cluster.start(down)
     finally:
         holder = cluster.exec(head, ["sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null "
                                                  f"| grep -q 's.bind((\"0.0.0.0\",{PORT}))' && basename $p; done; true"],
@@ -287,4 +275,4 @@ def test_reset_playbook_with_a_node_down_cleans_the_others(cluster):
         for n in cluster.nodes[:-1]:
             assert not listening(cluster, n, PORT) and not exists(cluster, n, "/dev/shm/nccl-Xy12Ab"), n
     finally:
-        restart_node(cluster, down)
+        cluster.start(down)

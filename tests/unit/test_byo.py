@@ -4,7 +4,6 @@ go in unchanged, known-bad ones are refused with the right reason, and env-file 
 import json
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
