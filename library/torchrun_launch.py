@@ -843,6 +843,10 @@ class Launch(object):
             if not procs:
                 d = self.describe(state)
                 self.result.update(d)
+                if d["state"] == "finished":
+                    # Ended cleanly while we looked (a short job, or one left running that was in its last
+                    # seconds): it went through its rendezvous and every step; nothing to wait for.
+                    break
                 self.m.fail_json(msg="job %s on node rank %s ended before %s: %s" % (
                     self.job, state.get("node_rank"), mode, self.failure_words(d)), **self.result)
             if time.monotonic() >= deadline:

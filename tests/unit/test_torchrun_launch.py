@@ -121,3 +121,20 @@ def test_torn_or_forged_state_file_is_named_with_the_fix(tmp_path, text):
     p, _ = playbook(tmp_path, state="status")
     assert p.returncode != 0 and f"{job / 'launch.json'} is unreadable" in p.stdout, p.stdout[-3000:]
     assert "reset.yml" in p.stdout and "Traceback" not in p.stdout and "MODULE FAILURE" not in p.stdout
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_job_that_ends_while_awaited_is_finished_if_clean_and_named_if_not(tmp_path, code):
+    """A job that ends before the awaited marker (a short job; one left running in its last seconds) went through
+    its rendezvous when it exits 0: the launch is done. A non-zero exit is the failure, with its words."""
+    quick = tmp_path / "quick.py"
+    quick.write_text(f"import sys\nprint('no marker here', flush=True)\nsys.exit({code})\n")
+    try:
+        p, res = playbook(tmp_path, entrypoint=str(quick), args=[], wait_for="first_step")
+        if code == 0:
+            assert p.returncode == 0, p.stdout[-3000:]
+            assert res["state"] == "finished", res
+        else:
+            assert p.returncode != 0 and "ended before first_step" in p.stdout, p.stdout[-3000:]
+    finally:
+        stop(tmp_path)
