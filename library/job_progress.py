@@ -41,6 +41,9 @@ RETURN = r"""
 progress: {description: The ranks' progress records., returned: always, type: list}
 gpus: {description: "Per GPU: index, util_pct, mem_used_mib, mem_total_mib, temp_c, throttle.", returned: always, type: list}
 gpu_skipped: {description: Why there is no GPU state (empty when there is)., returned: always, type: str}
+now: {description: The node's clock (epoch seconds) when it read the progress., returned: always, type: float}
+log_mtime: {description: "When the job last wrote its log (epoch seconds, the node's clock); null when there is no log
+  (a link there counts as none).", returned: always, type: float}
 stacks: {description: "Per rank: rank, local_rank, pid, state (of /proc/PID/stat), method (py-spy or faulthandler), call,
   text, kept (the file on the node); or skipped with the reason.", returned: with stacks, type: list}
 """
@@ -112,6 +115,9 @@ def progress_and_stacks(m, p, tree):
     # the ranks' progress files: job-rw/progress, written by the job, read through the tree's fds
     out["progress"] = [rec for _n, _r, rec in read_progress(tree) if rec is not None and "rank" in rec]
     out["now"] = time.time()
+    # when the job last wrote its log (lstat, through the tree): what tells a silent job from a busy one when its
+    # entry point writes no progress files
+    out["log_mtime"] = tree.mtime("rw", tree.log_name(launch_state(tree).get("log")))
 
     smi = m.get_bin_path(p["nvidia_smi"], opt_dirs=SEARCH_DIRS) if p["nvidia_smi"] else None
     if not smi:
@@ -166,14 +172,19 @@ def keep_stack(m, tree, rank, text):
     return os.path.join(tree.paths["dir"], "stacks", name)
 
 
-def stacks(m, run, tree, container, py_spy):
-    """Every rank's Python stack (see DOCUMENTATION)."""
+def launch_state(tree):
+    """The host-only launch.json (written by the launch module, never by the job) as a dict; {} when unreadable."""
     st = tree.read("dir", tr.STATE_FILE, 1 << 20)
     try:
         state = json.loads((st["data"] or b"{}").decode("utf-8", "replace"))
     except ValueError:
         state = {}
-    state = state if isinstance(state, dict) else {}
+    return state if isinstance(state, dict) else {}
+
+
+def stacks(m, run, tree, container, py_spy):
+    """Every rank's Python stack (see DOCUMENTATION)."""
+    state = launch_state(tree)
     token = state.get("token")
     if not token:
         return [{"rank": None, "skipped": "no launch state (launch.json) on this node: no job to dump"}]

@@ -110,6 +110,14 @@ def test_a_hung_job_gets_every_ranks_stack_and_the_stopped_rank_is_named(job):
         run = run_dir_of(r.stdout)
         text = (run / "nodes" / frozen / "stacks" / f"rank_{frozen_rank}.txt").read_text()
         assert f"Process {pid[0]}" in text and "ddp_train.py" in text
+        # An entry point that writes no progress files (or a job hung before its first step): the silence of its
+        # log since the launch tells the hang, on every node.
+        for node in job.nodes:
+            job.exec(node, ["sh", "-c", f"rm -f {RW}/progress/*"])
+        r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=10")
+        assert r.returncode == 0, r.stdout[-4000:]
+        line = next(x for x in r.stdout.splitlines() if "STALLED: no progress on" in x)
+        assert all(f"{n} (no step recorded and its log silent)" in line for n in job.nodes), line
     finally:
         job.exec(frozen, ["kill", "-CONT", pid[0]], check=False)
 

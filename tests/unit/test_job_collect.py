@@ -67,6 +67,20 @@ def test_stragglers_from_per_rank_compute_time_not_step_time():
     assert jc.progress_summary(even, now)["stragglers"] == []
 
 
+def test_a_running_job_without_any_step_stalls_when_its_log_is_silent():
+    """Hung before its first step (rendezvous, NCCL init) or an entry point that writes no progress files: the
+    silence since the launch or the log's last write counts, on the node's own clock; a job not running never."""
+    node = {"node_rank": 0, "ranks": [], "state": "running", "started_at": 1000.0, "now": 1400.0, "log_mtime": None}
+    assert jc.progress_summary({"n1": node}, 0.0, stall_s=300)["stalled"] == ["n1"]
+    busy = dict(node, log_mtime=1390.0)  # it logs as it trains (HF Trainer's progress bar): not stalled
+    s = jc.progress_summary({"n1": busy}, 0.0, stall_s=300)
+    assert s["stalled"] == [] and s["nodes"][0]["age_s"] == 10.0 and s["nodes"][0]["no_step"]
+    assert jc.progress_summary({"n1": dict(node, now=1200.0)}, 0.0, stall_s=300)["stalled"] == []
+    for state in ("finished", "failed", None):
+        assert jc.progress_summary({"n1": dict(node, state=state)}, 0.0, stall_s=300)["stalled"] == []
+    assert jc.progress_summary({"n1": dict(node, started_at=None)}, 0.0, stall_s=300)["stalled"] == []
+
+
 def test_stacks_of_py_spy_and_faulthandler():
     spy = ('Process 4242: python3 ddp_train.py\nPython v3.11.2 (/usr/bin/python3.11)\n\n'
            'Thread 4242 (idle): "MainThread"\n'

@@ -47,6 +47,18 @@ def test_stalled_and_stack_groups():
     assert lines[1].startswith("n3 rank 2: no stack: SIGUSR1 not caught. fix: put py-spy on the controller")
 
 
+def test_a_node_with_no_step_and_a_silent_log_is_stalled_and_said_so():
+    hv = hostvars()
+    hv["n3"]["__launch_progress"] = {"progress": [], "gpus": [], "now": 101.0, "log_mtime": 20.0}
+    hv["n3"]["__launch_status"] = {"state": "running", "started_at": 10.0}
+    s = lp.launch_progress_summary(hv, ["n1", "n2", "n3"], 50, 1.3)
+    assert s["stalled"] == ["n3"]
+    lines = lp.launch_progress_lines(s, {"n1": "running", "n2": "running", "n3": "running"})
+    assert "STALLED: no progress on n3 (no step recorded and its log silent)" in lines[-1]
+    hv["n3"]["__launch_status"]["state"] = "finished"
+    assert lp.launch_progress_summary(hv, ["n1", "n2", "n3"], 50, 1.3)["stalled"] == []
+
+
 def test_watch_goes_on_while_a_node_runs_and_nothing_failed():
     def st(state, *nodes):
         return {"state": state, "nodes": [{"node": "n%d" % i, "state": s} for i, s in enumerate(nodes)]}

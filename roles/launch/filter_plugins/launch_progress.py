@@ -23,7 +23,10 @@ def launch_progress_summary(hostvars, hosts, stall_s=300, straggler_ratio=1.3):
     for i, h in enumerate(hosts):
         r = _res(hostvars, h, "__launch_progress")
         model = _res(hostvars, h, "cluster_model")
-        per_node[h] = {"node_rank": model.get("node_rank", i), "ranks": r.get("progress") or []}
+        job = _res(hostvars, h, "__launch_status")
+        per_node[h] = {"node_rank": model.get("node_rank", i), "ranks": r.get("progress") or [],
+                       "state": job.get("state"), "started_at": job.get("started_at"), "now": r.get("now"),
+                       "log_mtime": r.get("log_mtime")}
         gpus[h] = r.get("gpus") or []
         skipped[h] = r.get("gpu_skipped") or ("" if r else "no result from the node")
         now = max(now, float(r.get("now") or 0))
@@ -61,8 +64,10 @@ def launch_progress_lines(summary, states=None):
     for s in summary["stragglers"]:
         lines.append("STRAGGLER " + s["text"] + ". fix: " + s["fix"])
     if summary["stalled"]:
+        quiet = {n["host"] for n in summary["nodes"] if n.get("no_step")}
         lines.append("STALLED: no progress on %s for at least the stall time: every rank's stack follows"
-                     % ", ".join(summary["stalled"]))
+                     % ", ".join(h + (" (no step recorded and its log silent)" if h in quiet else "")
+                                 for h in summary["stalled"]))
     if not summary["reporting"]:
         lines.append("no progress files: the entry point writes none (the example trainers write "
                      "$TRAINYARD_PROGRESS_DIR/rank_<rank>.json)")

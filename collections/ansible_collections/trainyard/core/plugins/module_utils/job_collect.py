@@ -144,6 +144,17 @@ class JobTree(object):
             return os.path.basename(state_log)
         return default
 
+    def mtime(self, where, name):
+        """Modification time of the regular file `name` in the part `where` (lstat: a link is not followed and
+        counts as absent), or None."""
+        if not name or "/" in name or self.fd.get(where) is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=self.fd[where], follow_symlinks=False)
+        except OSError:
+            return None
+        return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+
     def close(self):
         for key, fd in list(self.fd.items()):
             if fd is not None:
@@ -332,8 +343,21 @@ def _median(values):
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
 
 
+def _quiet_s(info, now):
+    """How long a running node without any step record has been silent: since its launch when no rank ever wrote
+    its log (hung in the rendezvous or NCCL's init before any output), else since the log's last write (an entry
+    point that writes no progress files but logs as it trains, e.g. the HF Trainer's progress bar). None when the
+    job does not run there or the times are unknown. Both times are the node's own clock."""
+    if info.get("state") != "running":
+        return None
+    node_now = float(info.get("now") or now)
+    last = max([float(t) for t in (info.get("started_at"), info.get("log_mtime")) if t] or [0.0])
+    return max(0.0, node_now - last) if last else None
+
+
 def progress_summary(per_node, now, stall_s=300, straggler_ratio=1.3):
-    """per_node: {host: {"node_rank": n, "ranks": [progress dicts of the example trainers]}} ->
+    """per_node: {host: {"node_rank": n, "ranks": [progress dicts of the example trainers], and for a node whose ranks
+    wrote none: "state" (running, ...), "started_at", "now", "log_mtime" (the node's clock)}} ->
     {nodes: [{host, node_rank, ranks, last_step, steps_total, steps_per_s, eta_s, compute_s, age_s}],
      stragglers: [{host, node_rank, ranks, compute_s, others_s, ratio, text, fix}], stalled: [hosts], reporting}.
 
@@ -346,7 +370,7 @@ def progress_summary(per_node, now, stall_s=300, straggler_ratio=1.3):
         if not ranks:
             nodes.append({"host": host, "node_rank": info.get("node_rank"), "ranks": [], "last_step": None,
                           "steps_total": None, "steps_per_s": None, "eta_s": None, "compute_s": None,
-                          "age_s": None})
+                          "age_s": _quiet_s(info, now), "no_step": True})
             continue
         step = min(int(r["step"]) for r in ranks)
         total = max(int(r.get("steps_total") or 0) for r in ranks) or None
