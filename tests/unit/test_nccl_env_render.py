@@ -87,7 +87,7 @@ def test_tcp_smoke_test_and_ib_profiles(tmp_path):
     assert "NCCL_NSOCKS_PERTHREAD" not in env and "NCCL_P2P_DISABLE" not in env
 
 
-def test_ib_without_hca_leaves_the_hcas_to_nccl_and_bad_socket_tuning_stops(tmp_path):
+def test_ib_without_hca_leaves_the_hcas_to_nccl(tmp_path):
     c = LocalCluster(tmp_path / "ib")
     p = _run(c, extra={"nccl_env_profile": "ib"})
     env = c.env("node1")
@@ -101,10 +101,7 @@ def test_ib_without_hca_leaves_the_hcas_to_nccl_and_bad_socket_tuning_stops(tmp_
     assert env["NCCL_GPUDIRECTTCPX_TX_BINDINGS"] == ("eth1:8-21,112-125;eth2:8-21,112-125;eth3:60-73,164-177;"
                                                      "eth4:60-73,164-177"), p.stdout[-2000:]
     assert env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"] == "lo" and env["NCCL_GPUDIRECTTCPX_CTRL_DEV"] == "eth1"
-    c = LocalCluster(tmp_path / "tcp")
-    p = _run(c, extra={"nccl_env_nsocks_perthread": 8, "nccl_env_socket_nthreads": 16})
-    assert p.returncode != 0 and "at most 64 sockets" in p.stdout
-    assert not c.path("node1", "nccl.env").exists()
+    # Socket tuning beyond NCCL's limits stops in the validate play: test_validation.py test_role_rules_*.
 
 
 def test_typo_in_extra_fails_with_nearest_name_and_nothing_is_written(tmp_path):
