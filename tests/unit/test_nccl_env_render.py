@@ -190,9 +190,12 @@ def test_host_var_drift_and_per_node_interfaces(tmp_path):
     assert bad["status"] == "fail" and "expected GLOO_SOCKET_IFNAME=ens5" in bad["data"]["diff"]
 
 
-# Choices (nccl_env_profile, nccl_env_debug) are the validate play's (tests/integration/test_validation.py); the role
-# keeps the rules its argument spec cannot state.
+# Choices (nccl_env_profile, nccl_env_debug) and the rules the argument spec cannot state (socket tuning, timeouts) are
+# the validate play's, once on the controller before any host is contacted (cluster_model.check_role_rules).
 @pytest.mark.parametrize("var,value", [("nccl_env_socket_nthreads", 32), ("nccl_env_collective_timeout_s", 0)])
-def test_bad_options_stop(tmp_path, var, value):
-    p = _run(LocalCluster(tmp_path), extra={var: value})
-    assert p.returncode != 0 and var in p.stdout
+def test_bad_options_stop_in_validation(var, value):
+    from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
+    from conftest import REPO
+    hv = {"n1": {"ansible_host": "198.51.100.1", var: value}}
+    (line,) = cm.validate({"trainers": ["n1"]}, hv, roles=cm.load_role_specs(REPO / "roles"))
+    assert line.startswith("Stop if ") and f"{var}={value}" in line and " on n1" in line
