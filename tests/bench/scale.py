@@ -212,7 +212,7 @@ def path_mtu_module_seconds(report: Path) -> list[float]:
 # --------------------------------------------------------------------------- one measured run
 
 def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGroup, env_extra: dict | None = None,
-                 label: str = "") -> dict:
+                 label: str = "", keep_output: bool = False) -> dict:
     from conftest import ansible_env
     ids = [subprocess.run(["docker", "inspect", "-f", "{{.Id}}", n], capture_output=True, text=True,
                           check=True).stdout.strip() for n in nodes]
@@ -283,6 +283,8 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
     }
     if proc.returncode != 0:
         row["output_tail"] = out[-3000:]
+    if keep_output:
+        row["output"] = out
     log(f"{label or 'run'} {n} nodes: {row['wall_s']} s, changed {row['changed']}, controller {row['controller_cpu_s']} "
         f"CPU-s (main {row['controller_main_cpu_s']}), nodes {row['node_cpu_s']} CPU-s, others {row['others_cpu_s']} "
         f"CPU-s, {row['tasks_per_node']} "

@@ -134,6 +134,15 @@ CASES = [
      ["Stop if cluster_model is set in the inventory but is a fact computed by the role cluster"]),
     ("cli-extra-var-coerced", hosts(), gv(), ["-e", "cluster_rendezvous_port=80"],
      ["cluster_rendezvous_port is outside 1024–65535"]),
+    # Role rules the argument specs cannot state (plugin_utils/cluster_model.py check_role_rules), once on the
+    # controller instead of an assert on every node.
+    ("bf16-and-fp16", hosts(), gv(deepspeed_config_bf16=True, deepspeed_config_fp16=True), [],
+     ["Stop if deepspeed_config_bf16 and deepspeed_config_fp16 are both true on all 3 trainers", "choose one"]),
+    ("driver-version-of-another-branch", hosts(node2={"nvidia_driver_version": "570.86"}), gv(), [],
+     ["Stop if the driver options disagree (nvidia_driver_branch '580', nvidia_driver_version '570.86'",
+      "on node2", "the version a full version of that branch"]),
+    ("sidecar-without-argv", hosts(), gv(launch_sidecars_extra=[{"name": "mon"}]), [],
+     ["Stop if a sidecar of launch_sidecars_extra has no name or no argv list", "argv: [program, arg, ...]"]),
     ("all-problems-at-once", hosts(node2={"node_rank": 7}), gv(cluster_data_mtu=100, master_port=1), [],
      ["Stop if cluster_data_mtu is outside", "Stop if the removed variable master_port", "Stop if node_rank",
       "4 problem(s)"]),

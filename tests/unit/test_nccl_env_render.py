@@ -87,7 +87,7 @@ def test_tcp_smoke_test_and_ib_profiles(tmp_path):
     assert "NCCL_NSOCKS_PERTHREAD" not in env and "NCCL_P2P_DISABLE" not in env
 
 
-def test_ib_without_hca_leaves_the_hcas_to_nccl_and_bad_socket_tuning_stops(tmp_path):
+def test_ib_without_hca_leaves_the_hcas_to_nccl(tmp_path):
     c = LocalCluster(tmp_path / "ib")
     p = _run(c, extra={"nccl_env_profile": "ib"})
     env = c.env("node1")
@@ -101,10 +101,7 @@ def test_ib_without_hca_leaves_the_hcas_to_nccl_and_bad_socket_tuning_stops(tmp_
     assert env["NCCL_GPUDIRECTTCPX_TX_BINDINGS"] == ("eth1:8-21,112-125;eth2:8-21,112-125;eth3:60-73,164-177;"
                                                      "eth4:60-73,164-177"), p.stdout[-2000:]
     assert env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"] == "lo" and env["NCCL_GPUDIRECTTCPX_CTRL_DEV"] == "eth1"
-    c = LocalCluster(tmp_path / "tcp")
-    p = _run(c, extra={"nccl_env_nsocks_perthread": 8, "nccl_env_socket_nthreads": 16})
-    assert p.returncode != 0 and "at most 64 sockets" in p.stdout
-    assert not c.path("node1", "nccl.env").exists()
+    # Socket tuning beyond NCCL's limits stops in the validate play: test_validation.py test_role_rules_*.
 
 
 def test_typo_in_extra_fails_with_nearest_name_and_nothing_is_written(tmp_path):
@@ -193,9 +190,12 @@ def test_host_var_drift_and_per_node_interfaces(tmp_path):
     assert bad["status"] == "fail" and "expected GLOO_SOCKET_IFNAME=ens5" in bad["data"]["diff"]
 
 
-# Choices (nccl_env_profile, nccl_env_debug) are the validate play's (tests/integration/test_validation.py); the role
-# keeps the rules its argument spec cannot state.
+# Choices (nccl_env_profile, nccl_env_debug) and the rules the argument spec cannot state (socket tuning, timeouts) are
+# the validate play's, once on the controller before any host is contacted (cluster_model.check_role_rules).
 @pytest.mark.parametrize("var,value", [("nccl_env_socket_nthreads", 32), ("nccl_env_collective_timeout_s", 0)])
-def test_bad_options_stop(tmp_path, var, value):
-    p = _run(LocalCluster(tmp_path), extra={var: value})
-    assert p.returncode != 0 and var in p.stdout
+def test_bad_options_stop_in_validation(var, value):
+    from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
+    from conftest import REPO
+    hv = {"n1": {"ansible_host": "198.51.100.1", var: value}}
+    (line,) = cm.validate({"trainers": ["n1"]}, hv, roles=cm.load_role_specs(REPO / "roles"))
+    assert line.startswith("Stop if ") and f"{var}={value}" in line and " on n1" in line

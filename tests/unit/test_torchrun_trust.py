@@ -20,7 +20,7 @@ from ansible_collections.trainyard.core.plugins.module_utils import torchrun as 
 
 def test_the_container_mounts_only_the_jobs_read_only_and_writable_parts_never_the_host_only_state():
     mounts = yaml.safe_load((REPO / "roles/container/defaults/main.yml").read_text())["container_mounts"]
-    state = "{{ cluster_state_dir | default('/var/lib/trainyard') }}"
+    state = "{{ cluster_state_dir }}"
     by_source = {m["source"]: m.get("read_only", False) for m in mounts}
     assert state not in by_source and f"{state}/{{{{ cluster_job_name }}}}" not in by_source
     assert by_source[f"{state}/{{{{ cluster_job_name }}}}/{tr.JOB_RO_DIR}"] is True

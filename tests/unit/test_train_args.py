@@ -2,6 +2,7 @@
 string) for both profiles, user extras replacing profile options, and wrong shapes refused."""
 
 from render_local import LocalCluster
+from conftest import REPO
 
 
 def _pairs(argv):
@@ -84,13 +85,17 @@ def test_llamafactory_misspelt_key_fails_at_render_time(tmp_path):
     assert p.returncode != 0 and "argument --seed: invalid int value: 'x1'" in p.stdout, p.stdout[-2000:]
 
 
-def test_wrong_shapes_stop(tmp_path):
-    c = LocalCluster(tmp_path)
-    p = c.run(roles=["train_args"], extra={"train_args_extra": "--seed 42"})
-    assert p.returncode != 0 and "never one shell string" in p.stdout
-    p = c.run(roles=["train_args"], extra={"train_args_profile": "llamafactory"})
-    assert p.returncode != 0 and "needs train_args_model_name_or_path" in p.stdout
-    p = c.run(roles=["train_args"], extra={"train_args_entrypoint": "train.py"})
-    assert p.returncode != 0 and "absolute path" in p.stdout
-    p = c.run(roles=["train_args"], extra=dict(LLAMAFACTORY, train_args_extra=["--seed", "42"]))
-    assert p.returncode != 0 and "key=value overrides" in p.stdout
+def test_wrong_shapes_stop_in_validation():
+    """The shapes are inventory rules: the validate play stops on them once, before any host is contacted (the
+    list type from the argument spec, the rest from cluster_model.check_role_rules)."""
+    from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model as cm
+    roles = cm.load_role_specs(REPO / "roles")
+
+    def problems(**variables):
+        hv = {"n1": {"ansible_host": "198.51.100.1", **variables}}
+        return " ".join(cm.validate({"trainers": ["n1"]}, hv, roles=roles))
+
+    assert "train_args_extra is a string but must be a list" in problems(train_args_extra="--seed 42")
+    assert "train_args_profile llamafactory lacks its inputs" in problems(train_args_profile="llamafactory")
+    assert "train_args_entrypoint is not an absolute path" in problems(train_args_entrypoint="train.py")
+    assert "not key=value overrides" in problems(**dict(LLAMAFACTORY, train_args_extra=["--seed", "42"]))

@@ -268,3 +268,77 @@ def test_secret_values_inside_mappings_are_not_printed():
     assert problems and not any("hunter2-s3cr3t" in p for p in problems)
     problems = run(three(cluster_preflight={"min_free_gb": 1, "api_token": "hunter2-s3cr3t"}))
     assert problems and not any("hunter2-s3cr3t" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------------- role rules (check_role_rules)
+def run_as_plugin(hostvars: dict) -> list[str]:
+    """validate() as cluster_validate calls it: a reserved fact a role documents as an input is a variable."""
+    documented = {v for r in ROLES.values() for v in r["options"]}
+    reserved = {k: v for k, v in VARS["_cluster_reserved_facts"].items() if k not in documented}
+    return cm.validate({"all": list(hostvars), "trainers": list(hostvars)}, hostvars, roles=ROLES,
+                       defaults=CLUSTER_DEFAULTS, removed=VARS["_cluster_removed_vars"], reserved=reserved)
+
+
+
+# Rules over one role's variables that an argument spec cannot state: checked once on the controller, before any
+# host is contacted, each naming the variable, the value, the host and the fix.
+@pytest.mark.parametrize("variables,expect", [
+    ({"nvidia_driver_branch": "58"}, "the driver options disagree (nvidia_driver_branch '58'"),
+    ({"nvidia_driver_version": "570.1"}, "nvidia_driver_version '570.1'"),          # not of branch 580
+    ({"nvidia_driver_version": "580.x"}, "nvidia_driver_version '580.x'"),
+    ({"nvidia_driver_visible_devices": "0 1"}, "nvidia_driver_visible_devices '0 1'"),
+    ({"deepspeed_config_bf16": True, "deepspeed_config_fp16": True},
+     "deepspeed_config_bf16 and deepspeed_config_fp16 are both true"),
+    ({"network_path_wait_s": 0}, "the probe timings are wrong (network_path_wait_s=0"),
+    ({"network_listener_s": 2}, "network_listener_s=2)"),                          # shorter than the 3 s connect
+    ({"nccl_env_socket_nthreads": 17}, "nccl_env_socket_nthreads=17 and nccl_env_nsocks_perthread=4 are beyond"),
+    ({"nccl_env_socket_nthreads": 8, "nccl_env_nsocks_perthread": 16}, "are beyond NCCL's limits"),
+    ({"nccl_env_collective_timeout_s": 0}, "the timeouts are not whole seconds (nccl_env_collective_timeout_s=0"),
+    ({"nccl_env_heartbeat_timeout_s": -1}, "nccl_env_heartbeat_timeout_s=-1"),
+    ({"train_args_entrypoint": "train.py"}, "train_args_entrypoint is not an absolute path"),
+    ({"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/m", "train_args_dataset": "d",
+      "train_args_extra": ["max_steps=1", "--seed"]}, "train_args_extra holds entries that are not key=value"),
+    ({"train_args_profile": "llamafactory", "train_args_dataset": "d"},
+     "train_args_profile llamafactory lacks its inputs (train_args_model_name_or_path ''"),
+    ({"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/m", "train_args_dataset": "d",
+      "train_args_finetuning_type": "qlora"}, "train_args_finetuning_type 'qlora'"),
+    ({"janitor_interval": 0}, "janitor_interval is not above 0"),
+    ({"janitor_min_size": -1}, "janitor_min_size is below 0"),
+    ({"janitor_completion": "always"}, "janitor_completion is not one of marker, marker_or_superseded"),
+    ({"janitor_user": "root"}, "janitor_user is not an unprivileged user name"),
+    ({"janitor_user": "Bad User"}, "janitor_user is not an unprivileged user name"),
+    ({"janitor_root": "/srv/out\nx"}, "janitor_root holds a control character"),
+    ({"cluster_state_dir": "/srv/st\tx"}, "janitor_dir holds a control character"),
+    ({"launch_sidecars_extra": [{"name": "mon"}]}, "a sidecar of launch_sidecars_extra has no name or no argv list"),
+    ({"launch_sidecars_extra": [{"name": "", "argv": ["x"]}]}, "has no name or no argv list"),
+])
+def test_role_rules_stop_on_the_controller(variables, expect):
+    problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}})
+    line = next((p for p in problems if expect in p), None)
+    assert line is not None, problems
+    assert line.startswith("Stop if ") and " on n1" in line and ". Fix: " in line
+
+
+@pytest.mark.parametrize("variables", [
+    {"nvidia_driver_branch": "580", "nvidia_driver_version": "580.159.04", "nvidia_driver_visible_devices": "0,1"},
+    {"nvidia_driver_branch": 570, "nvidia_driver_version": "570.86"},
+    {"deepspeed_config_bf16": False, "deepspeed_config_fp16": True},
+    {"deepspeed_config_bf16": "auto", "deepspeed_config_fp16": True},
+    {"network_enabled": False, "network_path_wait_s": 0},                          # the role checks nothing when off
+    {"network_listener_s": 3, "network_connect_timeout_s": 3, "network_path_retries": 0},
+    {"nccl_env_socket_nthreads": 16, "nccl_env_nsocks_perthread": 4},
+    {"nccl_env_profile": "ib", "nccl_env_socket_nthreads": 17},                    # socket tuning is tcp's only
+    {"nccl_env_socket_nthreads": 0, "nccl_env_nsocks_perthread": 0, "nccl_env_heartbeat_timeout_s": 0},
+    {"train_args_profile": "llamafactory", "train_args_model_name_or_path": "org/model", "train_args_dataset": "d",
+     "train_args_extra": ["max_steps=100", "a.b=1"]},
+    {"train_args_entrypoint": " /srv/code/train.py"},
+    {"janitor_enabled": False, "janitor_interval": 0},
+    {"janitor_completion": "marker_or_superseded", "janitor_user": "ckpt_janitor"},
+    {"launch_sidecars_extra": [{"name": "mon", "argv": ["/usr/bin/true"]}]},
+])
+def test_role_rules_pass_good_values(variables):
+    assert run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}}) == []
+
+
+def test_llamafactory_overrides_are_key_value():
+    assert cm.llamafactory_overrides_problems(["max_steps=100", "--seed", "42", "x.y=1", "=1"]) == ["--seed", "42", "=1"]

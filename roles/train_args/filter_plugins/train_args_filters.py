@@ -38,15 +38,8 @@ def llamafactory_config(options: dict, extra: dict | None = None) -> dict:
     return config
 
 
-def llamafactory_overrides_problems(extra: list) -> list:
-    """train_args_extra entries that are not key=value overrides (what llamafactory.launcher takes after the
-    config file)."""
-    return [str(e) for e in extra or [] if not re.match(r"^[A-Za-z_][\w.]*=", str(e))]
-
-
 class FilterModule:
     def filters(self):
         return {
             "train_args_llamafactory_config": llamafactory_config,
-            "train_args_llamafactory_overrides_problems": llamafactory_overrides_problems,
         }

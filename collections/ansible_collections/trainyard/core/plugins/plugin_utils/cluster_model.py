@@ -556,6 +556,147 @@ def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: M
                                     "set launch_runtime: host to run the job on the node itself, or remove "
                                     "container_enabled", "container_enabled", False, [h], True))
         problems += _check_node_counts(h, len(hosts), t, specs)
+        problems += check_role_rules(h, t, specs)
+    return problems
+
+
+# --------------------------------------------------------------------------------------------- role rules
+# Rules over a role's own variables that its argument spec cannot state (formats, ranges, options that exclude each
+# other). They read the inventory only, so they run here, once, before any host is contacted, and not as a task on
+# every node; each keeps the message its role's "Stop if" task had (variable, value, host, fix). Choices and types
+# are the argument specs' (check_value), never repeated here.
+DRIVER_BRANCH_RE = re.compile(r"^[0-9]{3,4}$")
+DRIVER_VERSION_RE = re.compile(r"^[0-9]{3,4}\.[0-9]{1,3}(\.[0-9]{1,3})?$")
+VISIBLE_DEVICES_RE = re.compile(r"^[A-Za-z0-9,:-]*$")
+UNIX_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+CONTROL_CHAR_RE = re.compile(r"[\x00-\x1f\x7f]")
+LLAMAFACTORY_OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w.]*=")
+JANITOR_COMPLETION = ("marker", "marker_or_superseded")
+FINETUNING_TYPES = ("lora", "full", "freeze")
+
+
+def llamafactory_overrides_problems(extra: Any) -> list[str]:
+    """train_args_extra entries that are not key=value overrides (what llamafactory.launcher takes after the
+    config file)."""
+    return [str(e) for e in extra or [] if not LLAMAFACTORY_OVERRIDE_RE.match(str(e))]
+
+
+def _value(t: Mapping, specs: Mapping[str, Mapping], var: str) -> Any:
+    """The host's value of var: the inventory's, else its spec's default; None when that default is a template
+    (it resolves on the node, from other variables the checks of those variables cover)."""
+    if var in t:
+        return t[var]
+    default = next(((opts.get(var) or {}) for opts in specs.values() if var in opts), {}).get("default")
+    return None if _templated(default) else default
+
+
+def _ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[Problem]:
+    """Every role rule for one host (t: its well-typed variables), as Problems naming the host."""
+    problems: list[Problem] = []
+
+    def v(var: str) -> Any:
+        return _value(t, specs, var)
+
+    def stop(what: str, fix: str, var: str = "", value: Any = None, has_value: bool = False) -> None:
+        problems.append(Problem(what, fix, var, value, [h], has_value))
+
+    # nvidia_driver (was tasks/assert.yml)
+    branch, version, devices = (v("nvidia_driver_branch"), v("nvidia_driver_version"),
+                                v("nvidia_driver_visible_devices"))
+    if None not in (branch, version, devices):
+        b, ver, dev = str(branch), str(version), str(devices)
+        if not (DRIVER_BRANCH_RE.match(b) and (ver == "" or (DRIVER_VERSION_RE.match(ver) and ver.split(".")[0] == b))
+                and VISIBLE_DEVICES_RE.match(dev)):
+            stop(f"the driver options disagree (nvidia_driver_branch {b!r}, nvidia_driver_version {ver!r}, "
+                 f"nvidia_driver_visible_devices {dev!r})",
+                 "the branch is the major version (e.g. 580), the version a full version of that branch "
+                 "(e.g. 580.159.04) or empty, visible devices a comma-separated list of GPU indexes or UUIDs")
+
+    # deepspeed_config (was tasks/assert.yml)
+    if v("deepspeed_config_bf16") is True and v("deepspeed_config_fp16") is True:
+        stop("deepspeed_config_bf16 and deepspeed_config_fp16 are both true", "choose one (bf16 on H100/H200)")
+
+    # network (was tasks/assert.yml; the role checks nothing of it when it is off)
+    if v("network_enabled") is not False:
+        w, r, k, c, listen = (v("network_path_wait_s"), v("network_path_retries"), v("network_path_workers"),
+                              v("network_connect_timeout_s"), v("network_listener_s"))
+        if _ints(w, r, k, c, listen) and not (w >= 1 and r >= 0 and k >= 1 and c >= 1 and listen >= c):
+            stop(f"the probe timings are wrong (network_path_wait_s={w}, network_path_retries={r}, "
+                 f"network_path_workers={k}, network_connect_timeout_s={c}, network_listener_s={listen})",
+                 "waits and workers must be at least 1, retries at least 0, and network_listener_s at least "
+                 "network_connect_timeout_s (the listener lives as long as one connect timeout)")
+
+    # nccl_env (was tasks/assert.yml)
+    socks, threads = v("nccl_env_nsocks_perthread"), v("nccl_env_socket_nthreads")
+    if v("nccl_env_profile") == "tcp" and _ints(socks, threads) and not (
+            socks >= 0 and 0 <= threads <= 16 and max(socks, 1) * max(threads, 1) <= 64):
+        stop(f"nccl_env_socket_nthreads={threads} and nccl_env_nsocks_perthread={socks} are beyond NCCL's limits",
+             "NCCL takes 1-16 threads and at most 64 sockets in all (threads x sockets per thread); 0 leaves one "
+             "to NCCL. 4 x 4 is the measured default")
+    coll, beat = v("nccl_env_collective_timeout_s"), v("nccl_env_heartbeat_timeout_s")
+    if _ints(coll, beat) and not (coll > 0 and beat >= 0):
+        stop(f"the timeouts are not whole seconds (nccl_env_collective_timeout_s={coll}, "
+             f"nccl_env_heartbeat_timeout_s={beat})", "give whole seconds, the collective timeout above 0 "
+             "(e.g. 1800 and 600)")
+
+    # train_args (was tasks/assert.yml; train_args_extra as a list of strings and train_args_options as a dict
+    # are the spec's types)
+    llamafactory = v("train_args_profile") == "llamafactory"
+    entry = t.get("train_args_entrypoint")
+    if isinstance(entry, str) and not llamafactory and not entry.strip().startswith("/"):
+        code = _value(t, specs, "cluster_code_dir") or "cluster_code_dir"
+        stop("train_args_entrypoint is not an absolute path", f"give the script's absolute path on the node "
+             f"(e.g. {code}/train.py)", "train_args_entrypoint", entry, True)
+    extra = v("train_args_extra")
+    if llamafactory and isinstance(extra, list) and llamafactory_overrides_problems(extra):
+        stop(f"train_args_extra holds entries that are not key=value overrides of the config with train_args_profile "
+             f"llamafactory ({llamafactory_overrides_problems(extra)})", "give key=value overrides (e.g. "
+             "['max_steps=100'])")
+    if llamafactory:
+        model, data = v("train_args_model_name_or_path"), v("train_args_dataset")
+        ftype = t.get("train_args_finetuning_type", t.get("deepspeed_config_finetuning_type", "lora"))
+        if not (model and data and ftype in FINETUNING_TYPES):
+            stop(f"train_args_profile llamafactory lacks its inputs (train_args_model_name_or_path {model!r}, "
+                 f"train_args_dataset {data!r}, train_args_finetuning_type {ftype!r})",
+                 "set train_args_model_name_or_path (a path under cluster_shared_root, or a hub id), "
+                 "train_args_dataset (a dataset name in dataset_info.json) and train_args_finetuning_type "
+                 "lora, full or freeze")
+
+    # janitor (was tasks/preflight.yml; janitor_root against system directories is check_paths', the list type of
+    # janitor_keep_patterns the spec's)
+    if v("janitor_enabled") is not False:
+        interval, floor, user = v("janitor_interval"), v("janitor_min_size"), v("janitor_user")
+        if _ints(interval) and interval <= 0:
+            stop("janitor_interval is not above 0", "give the seconds between two prunes (e.g. 60)",
+                 "janitor_interval", interval, True)
+        if _ints(floor) and floor < 0:
+            stop("janitor_min_size is below 0", "give the size floor in bytes (0: no floor)", "janitor_min_size",
+                 floor, True)
+        if "janitor_completion" in t and t["janitor_completion"] not in JANITOR_COMPLETION:
+            stop("janitor_completion is not one of marker, marker_or_superseded",
+                 "set janitor_completion to marker or marker_or_superseded", "janitor_completion",
+                 t["janitor_completion"], True)
+        if isinstance(user, str) and (not UNIX_USER_RE.match(user) or user == "root"):
+            stop("janitor_user is not an unprivileged user name", "give a user name such as trainyard-janitor "
+                 "(never root)", "janitor_user", user, True)
+        paths = {"janitor_root": t.get("janitor_root", v("cluster_output_root")),
+                 "janitor_dir": t.get("janitor_dir", f"{v('cluster_state_dir')}/{v('cluster_job_name')}")}
+        for var, path in paths.items():
+            if isinstance(path, str) and CONTROL_CHAR_RE.search(path):
+                stop(f"{var} holds a control character", f"give {var} (or the cluster_* path it defaults to) as a "
+                     "plain absolute path", var, path, True)
+
+    # launch (was tasks/preflight.yml): sidecars the inventory gives; the janitor's own is built by its role
+    for var in ("launch_sidecars", "launch_sidecars_extra"):
+        for item in t.get(var) if isinstance(t.get(var), list) else []:
+            argv = item.get("argv") if isinstance(item, Mapping) else None
+            if not (isinstance(item, Mapping) and str(item.get("name") or "") and isinstance(argv, list) and argv):
+                stop(f"a sidecar of {var} has no name or no argv list ({_show(redact(item))})",
+                     "give each sidecar as {name: <name>, argv: [program, arg, ...]}")
     return problems
 
 
