@@ -76,6 +76,9 @@ def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
     bad = job.nodes[1]
     r = job.playbook("playbooks/status.yml", "-e", "status_stall_s=100000")
     assert r.returncode == 0, r.stdout[-3000:]
+    # Read-only on the nodes, so --check gathers and stores the same (it wrote nothing else before, and failed).
+    r = job.playbook("playbooks/collect.yml", "--check")
+    assert r.returncode == 0 and (run_dir_of(r.stdout) / "collect.tar.gz").is_file(), r.stdout[-4000:]
     r = job.playbook("playbooks/collect.yml")
     out = r.stdout
     assert r.returncode == 0, out[-4000:]
