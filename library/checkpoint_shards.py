@@ -24,11 +24,7 @@ options:
     description: Checkpoint directory name (C(checkpoint-N)) to list; empty lists the latest complete one.
     type: str
     default: ""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes]
 """
 
 EXAMPLES = r"""
