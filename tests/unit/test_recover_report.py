@@ -252,3 +252,77 @@ def test_weights_only_llamafactory_config_loads_the_checkpoint_and_does_not_resu
     assert cfg["model_name_or_path"] == "/srv/shared/models/llama"
     assert p.report[c.hosts[0]]["train_args_resume_arg"] == "resume_from_checkpoint="
     assert json.dumps(p.report[c.hosts[0]]["train_args_argv"]).count("resume_from_checkpoint=") == 1
+
+
+# ---- recover's own tasks (roles/launch/tasks/recover_convert.yml) on two local nodes with real checkpoint trees
+_PLAY = """
+- hosts: trainers
+  gather_facts: false
+  tasks:
+    - checkpoint_shards: {output_root: "{{ cluster_output_root }}", checkpoint: checkpoint-4}
+      register: launch_recover_shards
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.set_fact:
+        launch_recover_plan: {head: n1, survivors: [n1, n2], world_size: 2, world_size_before: 3,
+                              old_rank_map: {n1: 0, n2: 1, n3: 2}}
+        cluster_models: {n1: {nproc_per_node: 1}}
+    - ansible.builtin.import_role: {name: launch, tasks_from: recover_convert.yml}
+    - ansible.builtin.copy:
+        dest: "{{ out }}"
+        mode: "0644"
+        content: "{{ {'n1': hostvars.n1.train_args_weights_from, 'n2': hostvars.n2.train_args_weights_from,
+                      'env': hostvars.n2.launch_env} | to_json }}"
+"""
+
+
+def _recover_convert(tmp_path, mode, profile="llamafactory", ftype="lora", strip=None):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import BIN, REPO
+    hosts = {}
+    for h in ("n1", "n2"):
+        ckpt = bt.write_checkpoint(tmp_path / h, 4)
+        if strip and h in strip:
+            for rel in strip[h]:
+                p = ckpt / rel
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        hosts[h] = {"cluster_output_root": str(tmp_path / h), "train_args_profile": profile,
+                    "train_args_finetuning_type": ftype, "ansible_connection": "local",
+                    "ansible_python_interpreter": sys.executable}
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {"trainers": {"hosts": hosts}}}}))
+    (tmp_path / "play.yml").write_text(_PLAY)
+    out = tmp_path / "out.json"
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(tmp_path / "play.yml"),
+                        "-e", json.dumps({"out": str(out), "launch_recover_resume": mode})],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return p, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_recover_sets_weights_from_on_every_survivor_and_says_the_optimizer_starts_fresh(tmp_path):
+    p, got = _recover_convert(tmp_path, "weights")
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert got["n1"] == f"{tmp_path}/n1/checkpoint-4" and got["n2"] == f"{tmp_path}/n2/checkpoint-4"
+    assert got["env"]["TRAINYARD_RESUME_MODE"] == "weights"
+    assert ("weights only: adapter_name_or_path=%s/n1/checkpoint-4; the optimizer, the scheduler and the step counter "
+            "start fresh" % tmp_path) in p.stdout
+
+
+def test_recover_refuses_weights_only_when_a_survivor_lacks_the_adapter(tmp_path):
+    p, got = _recover_convert(tmp_path, "weights", strip={"n2": ["adapter_model.safetensors"]})
+    assert p.returncode != 0 and got is None
+    assert f"Cannot resume weights-only from checkpoint-4: n2 ({tmp_path}/n2/checkpoint-4) hold(s) no adapter" in p.stdout
+
+
+def test_recover_refuses_a_full_resume_without_optimizer_state_naming_the_variable(tmp_path):
+    gone = ["global_step4", "latest"]
+    p, got = _recover_convert(tmp_path, "full", strip={"n1": gone, "n2": gone})
+    assert p.returncode != 0 and got is None, p.stdout[-3000:]
+    assert f"Cannot resume {tmp_path}/n1/checkpoint-4 with its optimizer state: it holds none" in p.stdout
+    assert "-e launch_recover_resume=weights" in p.stdout and "Traceback" not in p.stdout
