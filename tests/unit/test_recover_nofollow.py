@@ -67,7 +67,8 @@ def test_pack_never_reads_a_shard_the_job_swapped_for_a_link(tree, target):
     (ckpt / SHARD).unlink()
     (ckpt / SHARD).symlink_to(secret if target == "secret" else target)
     r = _pack(out, files=[MODEL, SHARD])
-    assert r.get("failed") and f"{ckpt}/{SHARD} is a symbolic link" in r["msg"], r
+    assert r.get("failed") and r["msg"] == (f"{ckpt}/{SHARD} is a symbolic link: recover follows no link in the "
+                                            "checkpoint tree (the job wrote it). Fix: remove it and rerun"), r
     assert "Traceback" not in r["msg"] and "\n" not in r["msg"]
     assert not r.get("archive")
 

@@ -121,8 +121,8 @@ def _open_file(root_fd, rel, where):
         fd = os.open(parts[-1], _FILE, dir_fd=dfd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise TransferError("%s is a symbolic link: recover copies no link the job planted. Fix: remove it and "
-                                "rerun" % os.path.join(where, rel))
+            raise TransferError("%s is a symbolic link: recover follows no link in the checkpoint tree (the job "
+                                "wrote it). Fix: remove it and rerun" % os.path.join(where, rel))
         raise TransferError("%s: %s" % (os.path.join(where, rel), e.strerror))
     finally:
         os.close(dfd)
