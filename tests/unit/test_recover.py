@@ -240,6 +240,16 @@ def test_list_shards_never_lists_a_symlink_the_job_planted(tmp_path):
     shard.symlink_to(secret)
     got = rc.list_shards(str(ckpt))
     assert got["files"][1] == ["global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"]
+    # the example's world size is read from trainer_state.json, never through a link
+    ex = tmp_path / "ex" / "checkpoint-5"
+    ex.mkdir(parents=True)
+    (ex / "trainer_state.json").write_text('{"world_size": 3}')
+    assert rc.list_shards(str(ex))["world_size"] == 3
+    planted = tmp_path / "planted.json"
+    planted.write_text('{"world_size": 7}')
+    (ex / "trainer_state.json").unlink()
+    (ex / "trainer_state.json").symlink_to(planted)
+    assert rc.list_shards(str(ex))["world_size"] is None
     elsewhere = tmp_path / "elsewhere"
     tag.rename(elsewhere)
     tag.symlink_to(elsewhere)

@@ -199,7 +199,9 @@ def list_shards(checkpoint):
     if out["world_size"] is None and out["complete"]:
         try:
             import json
-            with open(os.path.join(checkpoint, MARKER)) as f:
+            # never through a link the job planted (root reads it)
+            fd = os.open(os.path.join(checkpoint, MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd) as f:
                 state = json.load(f)
             if isinstance(state.get("world_size"), int):
                 out["world_size"] = state["world_size"]
