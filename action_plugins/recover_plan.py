@@ -50,11 +50,7 @@ options:
     description: C(cluster_master_addr) as the user set it ("" when not set).
     type: str
     default: ""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
 EXAMPLES = r"""

@@ -221,13 +221,18 @@ def warning_lines(report: Mapping) -> list[str]:
             if r["status"] == "warn"]
 
 
+def _md_cell(text) -> str:
+    """A value for a Markdown table cell: pipes escaped, one line."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown(report: Mapping) -> str:
     """The report as Markdown: summary, node x check table, failures with fixes, every record."""
     hosts = list(report.get("hosts") or [])
     checks = list(report.get("checks") or [])
     cells = {(r["host"], r["check"]): r["status"] for r in report.get("records") or []}
     models = report.get("cluster_model") or {}
-    esc = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    esc = _md_cell
     s = report.get("summary") or {}
     out = [f"# Preflight report {report.get('run_id', '')}", "",
            f"Generated {report.get('generated', '')}; {len(hosts)} nodes; "
@@ -262,10 +267,41 @@ def markdown(report: Mapping) -> str:
         out += ["### Pending checks", ""]
         out += [f"- **{esc(r['host'])}** `{r['check']}`: {esc(r.get('detail', ''))} — {esc(r.get('fix', ''))}"
                 for r in report.get("pending") or []] or ["None."]
+    if report.get("recover"):
+        out += recover_markdown(report["recover"])
     out += ["", "## All checks", "", "| node | check | status | detail | fix |", "|---|---|---|---|---|"]
     out += [f"| {esc(r['host'])} | {r['check']} | {r['status']} | {esc(r.get('detail', ''))} | {esc(r.get('fix', ''))} |"
             for r in report.get("records") or []]
     return "\n".join(out) + "\n"
+
+
+def recover_markdown(section: Mapping) -> list[str]:
+    """The "recover" section of a playbooks/recover.yml run (module_utils/recover.py report_section) as Markdown:
+    the dropped nodes and why, the new rank map (head marked), the world sizes, the checkpoint and how it resumes."""
+    esc = _md_cell
+    head = section.get("head", "")
+    moved = (f"moved from {section.get('old_head', '')}" if section.get("head_moved") else "unchanged")
+    out = ["", "## Recover", "", esc(section.get("summary", "")), "",
+           f"World size {section.get('world_size_before')} -> {section.get('world_size')}; head {esc(head)} ({moved}).",
+           "", "### Dropped nodes", ""]
+    dropped = section.get("dropped") or []
+    if dropped:
+        out += ["| node | old rank | why | detail |", "|---|---|---|---|"]
+        out += [f"| {esc(d.get('host'))} | {d.get('old_rank')} | "
+                + (f"failed preflight: {esc(', '.join(d['checks']))}" if d.get("checks") else esc(d.get("why", "")))
+                + f" | {esc(d.get('detail', ''))} |" for d in dropped]
+    else:
+        out.append("None: every node answered and passed its preflight.")
+    out += ["", "### Rank map", "", "| node | node rank | old rank |", "|---|---|---|"]
+    out += [f"| {esc(r.get('host'))}{' (head)' if r.get('head') else ''} | {r.get('node_rank')} | {r.get('old_rank')} |"
+            for r in section.get("ranks") or []]
+    resume = section.get("resume") or {}
+    out += ["", "### Checkpoint", "",
+            f"- checkpoint: `{esc(section.get('checkpoint') or 'none')}`",
+            f"- resume: {resume.get('mode', '')}: {esc(resume.get('how', ''))}"]
+    if resume.get("optimizer") == "fresh":
+        out.append("- the optimizer starts fresh (weights only, chosen with launch_recover_resume=weights)")
+    return out
 
 
 class FilterModule:
@@ -279,4 +315,5 @@ class FilterModule:
             "trainyard_report_plan": plan_lines,
             "trainyard_report_pending": pending_lines,
             "trainyard_report_plan_verdict": plan_verdict,
+            "trainyard_report_recover": recover_markdown,
         }

@@ -25,11 +25,26 @@ def shard_plan(listings, head, name, world_size, prefer=(), old_hosts=(), nproc_
     return cov
 
 
-def shard_copies(plan):
-    """[{src, file}] of every file to copy onto the head, one item per file."""
-    return [{"src": c["src"], "file": f, "rank": c["rank"]} for c in (plan or {}).get("copy", []) for f in c["files"]]
+def shard_sources(plan):
+    """[{src, files}] of the files to copy onto the head, one item per node they are copied from (one pack each)."""
+    out = {}
+    for c in (plan or {}).get("copy", []):
+        out.setdefault(c["src"], []).extend(f for f in c["files"] if f not in out.get(c["src"], []))
+    return [{"src": src, "files": files} for src, files in out.items()]
+
+
+def recover_weights(listings, profile, finetuning_type, name, survivors, output_roots):
+    """module_utils/recover.py weights_resume as a filter; {failed: true, msg} instead of raising, for an assert."""
+    try:
+        return dict(rc.weights_resume(profile, finetuning_type, name, dict(listings or {}), list(survivors),
+                                      dict(output_roots or {})), failed=False, msg="")
+    except rc.RecoverError as exc:
+        return {"key": "", "paths": {}, "detail": "", "failed": True, "msg": str(exc)}
 
 
 class FilterModule:
     def filters(self):
-        return {"trainyard_shard_plan": shard_plan, "trainyard_shard_copies": shard_copies}
+        return {"trainyard_shard_plan": shard_plan, "trainyard_shard_sources": shard_sources,
+                "trainyard_recover_weights": recover_weights,
+                "trainyard_recover_full_problem": rc.full_resume_problem,
+                "trainyard_recover_section": rc.report_section}

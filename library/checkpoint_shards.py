@@ -24,11 +24,7 @@ options:
     description: Checkpoint directory name (C(checkpoint-N)) to list; empty lists the latest complete one.
     type: str
     default: ""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment: [trainyard.core.attributes]
 """
 
 EXAMPLES = r"""
@@ -53,7 +49,8 @@ step:
   type: int
 shards:
   description: C(format) (deepspeed, example or ""), C(ranks), C(world_size) (when recorded), C(tag), C(files)
-    (rank to paths relative to the checkpoint), C(complete), C(universal) (already converted).
+    (rank to paths relative to the checkpoint), C(complete), C(universal) (already converted), C(weights)
+    (C(adapter), C(model), C(optimizer): whether it holds the adapter, the model weights, a C(optimizer.pt)).
   returned: always
   type: dict
 """
@@ -78,7 +75,8 @@ def main():
     if not path or not os.path.isdir(path):
         module.exit_json(changed=False, checkpoint="", name=name, step=-1,
                          shards={"format": "", "ranks": [], "world_size": None, "tag": "", "files": {},
-                                 "complete": False, "universal": False})
+                                 "complete": False, "universal": False,
+                                 "weights": {"adapter": False, "model": False, "optimizer": False}})
     base = os.path.basename(path.rstrip("/"))
     step = int(base.split("-", 1)[1]) if base.split("-", 1)[-1].isdigit() else -1
     shards = list_shards(path)

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,7 +109,31 @@ def test_recover_continues_on_two_nodes_from_the_last_checkpoint(lost):
     assert wait_until(lambda: re.search(rf"trainyard: step {before + 3} loss", log_of(cluster, head)), 300), \
         log_of(cluster, head)[-3000:]
     assert not re.search(r"trainyard: step 1 loss", log_of(cluster, head).split(want, 1)[1])
-    # recover.json names the dropped node and the new rank map; the inventory is the user's, untouched.
-    run_dir = re.search(r"Recovered: (.*)", out)
-    assert run_dir, out[-3000:]
+    # The run's report, report.md and health page name the dropped node and why, the new rank map (head marked),
+    # the world sizes and how the checkpoint resumes; recover.json too. The inventory is the user's, untouched.
+    assert re.search(r"Recovered: .*dropped " + victim, out), out[-3000:]
+    found = re.search(r"Report: (/\S+)/report\.json", out)
+    assert found, out[-3000:]
+    run_dir = Path(found.group(1))
+    report = json.loads((run_dir / "report.json").read_text())
+    rec = report["recover"]
+    assert [(d["host"], d["why"], d["old_rank"]) for d in rec["dropped"]] == [(victim, "unreachable", 2)]
+    assert rec["ranks"] == [{"host": head, "node_rank": 0, "old_rank": 0, "head": True},
+                            {"host": other, "node_rank": 1, "old_rank": 1, "head": False}]
+    assert (rec["world_size_before"], rec["world_size"], rec["head_moved"]) == (3, 2, False)
+    assert rec["checkpoint"] == ckpt and rec["resume"]["mode"] == "full" and rec["resume"]["converted"] is True
+    assert rec["resume"]["how"].startswith("universal conversion from world size 3 to 2 (universal/")
+    assert {r["host"] for r in report["records"] if r["status"] == "unreachable"} == {victim}
+    assert report["cluster_model"][other]["node_rank"] == 1 and report["cluster_model"][other]["nnodes"] == 2
+    md = (run_dir / "report.md").read_text()
+    assert "## Recover" in md and f"| {victim} | 2 | unreachable |" in md and f"| {head} (head) | 0 | 0 |" in md
+    assert f"- checkpoint: `{ckpt}`" in md
+    page = (run_dir / "health.html").read_text()
+    assert 'id="recover" data-world-before="3" data-world="2"' in page and 'data-head-moved="false"' in page
+    assert f'data-host="{victim}" data-why="unreachable"' in page
+    assert f'data-host="{head}" data-rank="0" data-head="true"' in page and f'data-host="{other}" data-rank="1"' in page
+    assert json.loads((run_dir / "recover.json").read_text())["resume"]["converted"] is True
+    # No pack of the shard copy or the hand-off is left on the nodes.
+    for node in (head, other):
+        assert cluster.exec(node, ["sh", "-c", "ls -d /tmp/trainyard-recover-* /tmp/trainyard-ckpt-* 2>/dev/null || true"]).stdout.strip() == ""
     assert inventory_digest(cluster) == digest

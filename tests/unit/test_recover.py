@@ -31,7 +31,8 @@ def test_lost_worker_ranks_stay_contiguous_in_old_order():
     assert p["rank_map"] == {"n1": 0, "n3": 1, "n4": 2}
     assert {m["nnodes"] for m in p["models"].values()} == {3}
     assert p["models"]["n4"]["world_size"] == 24 and p["models"]["n4"]["hosts_by_rank"] == ["n1", "n3", "n4"]
-    assert p["dropped"] == [{"host": "n2", "reason": "unreachable: ssh: connect timed out", "old_rank": 1}]
+    assert p["dropped"] == [{"host": "n2", "reason": "unreachable: ssh: connect timed out", "old_rank": 1,
+                             "why": "unreachable", "detail": "ssh: connect timed out", "checks": []}]
     assert "dropped n2 (unreachable: ssh: connect timed out)" in p["summary"] and "world size 32 -> 24" in p["summary"]
     assert not p["head_moved"]
 
@@ -77,6 +78,10 @@ def test_failed_checks_keeps_this_runs_failures_only():
             {"check": "a.d", "status": "fail", "detail": "old", "run_id": "r1"},
             {"check": "a.e", "status": "warn", "run_id": "r2"}]
     assert rc.failed_checks(recs, "r2") == ["a.b: bad"]
+    # the key preflight_check writes: a failure of an earlier run kept by the fact cache does not drop the node
+    recs = [{"check": "a.b", "status": "fail", "detail": "old", "run": "r1"},
+            {"check": "a.c", "status": "fail", "detail": "now", "run": "r2"}]
+    assert rc.failed_checks(recs, "r2") == ["a.c: now"]
 
 
 def test_shard_names():
@@ -134,8 +139,11 @@ def test_filter_plans_copies_per_file_and_ignores_other_checkpoints():
                "shards": {"ranks": [0], "files": {"0": ["shard-rank0-of-3.pt"]}}},
     }
     plan = flt.shard_plan(listing, "n1", "checkpoint-10", 3, ["n1", "n2"], ["n1", "n2", "n3"])
-    assert plan["missing"] == [] and flt.shard_copies(plan) == [{"src": "n2", "file": "shard-rank2-of-3.pt",
-                                                                 "rank": 2}]
+    assert plan["missing"] == [] and flt.shard_sources(plan) == [{"src": "n2", "files": ["shard-rank2-of-3.pt"]}]
+    # one pack per node the files come from
+    two = {"copy": [{"rank": 1, "src": "n2", "files": ["a1", "b1"]}, {"rank": 2, "src": "n3", "files": ["a2"]},
+                    {"rank": 3, "src": "n2", "files": ["a3"]}]}
+    assert flt.shard_sources(two) == [{"src": "n2", "files": ["a1", "b1", "a3"]}, {"src": "n3", "files": ["a2"]}]
     del listing["n2"]
     plan = flt.shard_plan(listing, "n1", "checkpoint-10", 3, ["n1"], ["n1", "n2", "n3"])
     assert plan["missing"] == [2] and "saved on n3" in plan["message"]
@@ -232,6 +240,16 @@ def test_list_shards_never_lists_a_symlink_the_job_planted(tmp_path):
     shard.symlink_to(secret)
     got = rc.list_shards(str(ckpt))
     assert got["files"][1] == ["global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"]
+    # the example's world size is read from trainer_state.json, never through a link
+    ex = tmp_path / "ex" / "checkpoint-5"
+    ex.mkdir(parents=True)
+    (ex / "trainer_state.json").write_text('{"world_size": 3}')
+    assert rc.list_shards(str(ex))["world_size"] == 3
+    planted = tmp_path / "planted.json"
+    planted.write_text('{"world_size": 7}')
+    (ex / "trainer_state.json").unlink()
+    (ex / "trainer_state.json").symlink_to(planted)
+    assert rc.list_shards(str(ex))["world_size"] is None
     elsewhere = tmp_path / "elsewhere"
     tag.rename(elsewhere)
     tag.symlink_to(elsewhere)

@@ -38,8 +38,22 @@ def llamafactory_config(options: dict, extra: dict | None = None) -> dict:
     return config
 
 
+def llamafactory_weights(config: dict, weights_from: str = "", finetuning_type: str = "lora") -> dict:
+    """A weights-only resume: the checkpoint's adapter (LoRA: adapter_name_or_path) or model (full, freeze:
+    model_name_or_path), overwrite_output_dir so LLaMA-Factory does not resume the output directory's latest
+    checkpoint by itself, and no resume_from_checkpoint. Unchanged without weights_from."""
+    path = str(weights_from or "").strip()
+    if not path:
+        return config
+    out = {k: v for k, v in (config or {}).items() if k != "resume_from_checkpoint"}
+    out["adapter_name_or_path" if finetuning_type == "lora" else "model_name_or_path"] = path
+    out["overwrite_output_dir"] = True
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {
             "train_args_llamafactory_config": llamafactory_config,
+            "train_args_llamafactory_weights": llamafactory_weights,
         }

@@ -25,6 +25,13 @@ DS_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 EXAMPLE_RE = re.compile(r"^shard-rank(\d+)-of-(\d+)\.pt$")
 DS_TAG_RE = re.compile(r"^global_step(\d+)$")
 MARKER = "trainer_state.json"
+# What a weights-only resume loads from a checkpoint (the HF Trainer's and PEFT's file names): the adapter (LoRA) and
+# the model (full or freeze fine-tuning; under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save).
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_CONFIG = "adapter_config.json"
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+MODEL_CONFIG = "config.json"
+OPTIMIZER_FILE = "optimizer.pt"   # the Trainer's optimizer state without DeepSpeed (one file, any world size)
 UNIVERSAL_EXAMPLE = "universal"      # the example's converted checkpoint: <checkpoint>/universal/
 UNIVERSAL_DS_SUFFIX = "_universal"   # ds_to_universal output: <checkpoint>/global_stepN_universal/ + latest_universal
 RESUME_MODES = ("full", "weights")
@@ -39,6 +46,15 @@ def _reason(reach: dict, failed: dict, host: str) -> str:
     if reach.get(host):
         return "unreachable: %s" % reach[host]
     return "failed preflight: %s" % "; ".join(failed[host])
+
+
+def _dropped(reach: dict, failed: dict, host: str, rank: int) -> dict:
+    """A dropped node: reason (one line), why (unreachable or preflight), detail, checks (the failed ones)."""
+    unreachable = bool(reach.get(host))
+    return {"host": host, "reason": _reason(reach, failed, host), "old_rank": rank,
+            "why": "unreachable" if unreachable else "preflight",
+            "detail": reach[host] if unreachable else "; ".join(failed[host]),
+            "checks": [] if unreachable else [c.split(":", 1)[0].strip() for c in failed[host]]}
 
 
 def _short(why):
@@ -70,8 +86,7 @@ def plan_survivors(hosts_by_rank, unreachable=None, failed=None, min_nodes=1, np
         raise RecoverError("Stop if cluster_min_nodes is outside 1..%d (cluster_min_nodes = %r). Fix: set it to "
                            "the fewest nodes the job may run on, at most the %d trainers of the inventory"
                            % (len(hosts), min_nodes, len(hosts)))
-    dropped = [{"host": h, "reason": _reason(unreachable, failed, h), "old_rank": i}
-               for i, h in enumerate(hosts) if h in unreachable or h in failed]
+    dropped = [_dropped(unreachable, failed, h, i) for i, h in enumerate(hosts) if h in unreachable or h in failed]
     survivors = [h for h in hosts if h not in unreachable and h not in failed]
     if len(survivors) < min_nodes:
         why = ", ".join("%s (%s)" % (d["host"], d["reason"]) for d in dropped)
@@ -109,7 +124,9 @@ def failed_checks(records, run_id=""):
     for r in records or []:
         if not isinstance(r, dict) or r.get("status") != "fail":
             continue
-        if run_id and r.get("run_id") and r.get("run_id") != run_id:
+        # preflight_check stamps every record with "run" (the fact cache may keep an earlier run's records).
+        seen = r.get("run") or r.get("run_id")
+        if run_id and seen and seen != run_id:
             continue
         detail = str(r.get("detail") or "").strip().splitlines()
         out.append("%s: %s" % (r.get("check", "?"), detail[0][:160] if detail else "failed"))
@@ -150,9 +167,13 @@ def list_shards(checkpoint):
     complete (marker present), universal (already converted)}. Reads names only, never a file's content except
     the small trainer_state.json for the world size the example records."""
     out = {"path": checkpoint, "format": "", "ranks": [], "world_size": None, "tag": "", "files": {},
-           "complete": os.path.isfile(os.path.join(checkpoint, MARKER)), "universal": False}
+           "complete": os.path.isfile(os.path.join(checkpoint, MARKER)), "universal": False,
+           "weights": {"adapter": False, "model": False, "optimizer": False}}
     if not os.path.isdir(checkpoint):
         return out
+    plain = lambda names: any(_plain_file(checkpoint, n) for n in names)  # noqa: E731
+    out["weights"] = {"adapter": plain(ADAPTER_FILES) and plain([ADAPTER_CONFIG]),
+                      "model": plain(MODEL_FILES) and plain([MODEL_CONFIG]), "optimizer": plain([OPTIMIZER_FILE])}
     names = sorted(os.listdir(checkpoint))
     dirs = [n for n in names if DS_TAG_RE.match(n) and os.path.isdir(os.path.join(checkpoint, n))]
     where = [("", n) for n in names]
@@ -178,7 +199,9 @@ def list_shards(checkpoint):
     if out["world_size"] is None and out["complete"]:
         try:
             import json
-            with open(os.path.join(checkpoint, MARKER)) as f:
+            # never through a link the job planted (root reads it)
+            fd = os.open(os.path.join(checkpoint, MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd) as f:
                 state = json.load(f)
             if isinstance(state.get("world_size"), int):
                 out["world_size"] = state["world_size"]
@@ -219,3 +242,95 @@ def missing_message(checkpoint, missing, world_size, old_rank_hosts, nproc_per_n
             "weights, fresh optimizer: -e launch_recover_resume=weights); or keep the shards on shared storage or a second "
             "node (docs/recover.md)" % (checkpoint, ", ".join(map(str, missing)), int(world_size),
                                          ", ".join(holders) or "the lost node(s)", " and ".join(holders) or "them"))
+
+
+# --------------------------------------------------------------------------------------------- resume
+def weights_resume(profile, finetuning_type, name, listings, survivors, output_roots):
+    """What a weights-only resume (launch_recover_resume: weights, chosen by the user) loads on every survivor.
+
+    profile: train_args_profile; finetuning_type: train_args_finetuning_type (LLaMA-Factory); name: the
+    checkpoint's directory name ("" when there is none); listings: {host: checkpoint_shards result};
+    output_roots: {host: cluster_output_root}. Returns {key, paths: {host: checkpoint path}, detail}: key is the
+    LLaMA-Factory option that loads the weights (adapter_name_or_path for LoRA, model_name_or_path for full and
+    freeze), "" for the generic profile (its entry point reads TRAINYARD_RESUME_MODE). Raises RecoverError naming
+    the node when a survivor's copy of the checkpoint lacks the weights.
+    """
+    if not name:
+        return {"key": "", "paths": {}, "detail": "no complete checkpoint: the job starts from step 0"}
+    paths = {h: "%s/%s" % (str(output_roots[h]).rstrip("/"), name) for h in survivors}
+    if profile != "llamafactory":
+        return {"key": "", "paths": paths,
+                "detail": "weights only (TRAINYARD_RESUME_MODE=weights: the entry point loads the model and adapter "
+                          "weights); the optimizer starts fresh"}
+    lora = finetuning_type == "lora"
+    kind, key = ("adapter", "adapter_name_or_path") if lora else ("model", "model_name_or_path")
+    lacking = [h for h in survivors
+               if (listings.get(h) or {}).get("name") != name
+               or not ((listings.get(h) or {}).get("shards") or {}).get("weights", {}).get(kind)]
+    if lacking:
+        what = ("%s with %s" % (ADAPTER_FILES[0], ADAPTER_CONFIG) if lora else
+                "%s with %s; under ZeRO-3 the Trainer saves it only with stage3_gather_16bit_weights_on_model_save "
+                "(deepspeed_config_gather_16bit_weights_on_model_save: true)" % (MODEL_FILES[0], MODEL_CONFIG))
+        raise RecoverError(
+            "Cannot resume weights-only from %s: %s hold(s) no %s in it (%s). Fix: save the weights on every node "
+            "(train_args_save_on_each_node: true) or keep cluster_output_root on shared storage; or resume with the "
+            "optimizer state (launch_recover_resume: full)"
+            % (name, ", ".join("%s (%s)" % (h, paths[h]) for h in lacking), kind, what))
+    return {"key": key, "paths": paths,
+            "detail": "weights only: %s=%s; the optimizer, the scheduler and the step counter start fresh"
+                      % (key, paths[survivors[0]])}
+
+
+def full_resume_problem(profile, listing):
+    """The one-line refusal when the user asked for the optimizer state (launch_recover_resume: full) and the
+    LLaMA-Factory checkpoint holds none to resume or convert: no ZeRO shards (global_stepN/) and no optimizer.pt
+    (saved with save_only_model). "" when it can be resumed; the generic profile's entry point decides itself."""
+    listing = listing or {}
+    shards = listing.get("shards") or {}
+    if (profile != "llamafactory" or not listing.get("checkpoint") or shards.get("format")
+            or (shards.get("weights") or {}).get("optimizer")):
+        return ""
+    return ("Cannot resume %s with its optimizer state: it holds none (no DeepSpeed shards in global_stepN/, no %s; "
+            "saved with save_only_model?), so there is nothing to convert. Fix: resume from its weights alone, "
+            "explicitly: -e launch_recover_resume=weights (the optimizer starts fresh)"
+            % (listing["checkpoint"], OPTIMIZER_FILE))
+
+
+def report_section(plan, mode, checkpoint="", converted=False, saved_world=0, weights=None, fmt=""):
+    """The report's and health page's "recover" section, from recover_plan's result and the resume decided.
+
+    Returns {summary, dropped: [{host, old_rank, why, detail, checks}], ranks: [{host, node_rank, old_rank, head}],
+    head, old_head, head_moved, world_size_before, world_size, checkpoint, resume: {mode, how, optimizer, key,
+    path, converted}}.
+    """
+    plan = plan or {}
+    old = plan.get("old_rank_map") or {}
+    head = plan.get("head", "")
+    ranks = [{"host": h, "node_rank": r, "old_rank": old.get(h), "head": h == head}
+             for h, r in sorted((plan.get("rank_map") or {}).items(), key=lambda x: x[1])]
+    dropped = [{"host": d.get("host"), "old_rank": d.get("old_rank"),
+                "why": d.get("why") or ("unreachable" if str(d.get("reason", "")).startswith("unreachable")
+                                        else "preflight"),
+                "detail": d.get("detail") or d.get("reason", ""), "checks": list(d.get("checks") or [])}
+               for d in plan.get("dropped") or []]
+    weights = weights or {}
+    before, after = plan.get("world_size_before"), plan.get("world_size")
+    if not checkpoint:
+        how, optimizer = "no complete checkpoint on %s: the job starts from step 0" % head, ""
+    elif mode == "weights":
+        how, optimizer = weights.get("detail") or "weights only; the optimizer starts fresh", "fresh"
+    elif converted:
+        out = "universal/" if fmt == "example" else "global_stepN_universal/"
+        how = ("universal conversion from world size %s to %s (%s: model, adapter and optimizer state)"
+               % (saved_world, after, out))
+        optimizer = "kept"
+    else:
+        how = ("as saved (world size %s unchanged)" % after if fmt
+               else "as saved (no per-rank shards: loads at any world size)")
+        optimizer = "kept"
+    return {"summary": plan.get("summary", ""), "dropped": dropped, "ranks": ranks, "head": head,
+            "old_head": plan.get("old_head", ""), "head_moved": bool(plan.get("head_moved")),
+            "world_size_before": before, "world_size": after, "checkpoint": checkpoint,
+            "resume": {"mode": mode, "how": how, "optimizer": optimizer, "converted": bool(converted),
+                       "key": weights.get("key", "") if mode == "weights" else "",
+                       "path": (weights.get("paths") or {}).get(head, checkpoint) if mode == "weights" else checkpoint}}

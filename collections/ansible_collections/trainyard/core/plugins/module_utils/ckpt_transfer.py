@@ -1,0 +1,255 @@
+# -*- coding: utf-8 -*-
+"""Move checkpoint files between nodes without following a link the job planted (playbooks/recover.yml).
+
+The training job writes the checkpoint tree and is not trusted; recover copies shards (and the converted
+checkpoint) between nodes as root. ``pack`` reads the named files (or directory trees) of one node's checkpoint into
+a tar in a fresh private directory, and ``unpack`` writes such a tar into another node's copy of the checkpoint.
+Both walk the job-writable tree one component at a time from a descriptor of the trusted parent directory, with
+``O_NOFOLLOW`` (``O_DIRECTORY`` for directories): a symbolic link anywhere below the output root, the checkpoint
+directory itself included, stops the copy with a one-line error naming it, and nothing is read or written through
+it. ``unpack`` writes every file into a fresh temporary file (``O_CREAT|O_EXCL|O_NOFOLLOW``) then renames it over
+the name (a link there is replaced, never followed), and takes regular files and directories only from the tar.
+Stdlib only; unit-tested in tests/unit/test_recover_nofollow.py against real directory trees.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_CHUNK = 1 << 20
+
+
+class TransferError(Exception):
+    """str() is the one-line message for the user."""
+
+
+def _parts(rel):
+    parts = [p for p in str(rel).split("/") if p not in ("", ".")]
+    if not parts or str(rel).startswith("/") or ".." in parts:
+        raise TransferError("%r is not a path inside the checkpoint (relative, no '..')" % (rel,))
+    return parts
+
+
+def _open_dir_at(dir_fd, name, where, create=False, mode=0o755):
+    """A descriptor of dir_fd/name, never through a link; created (owned like dir_fd's directory) with create."""
+    made = False
+    if create:
+        try:
+            os.mkdir(name, mode, dir_fd=dir_fd)
+            made = True
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, _DIR, dir_fd=dir_fd)
+        if made and os.geteuid() == 0:
+            st = os.fstat(dir_fd)
+            os.fchown(fd, st.st_uid, st.st_gid)
+        return fd
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise TransferError("%s is a symbolic link or not a directory: recover follows no link in the "
+                                "checkpoint tree (the job wrote it). Fix: remove it and rerun" % where)
+        if e.errno == errno.ENOENT:
+            raise TransferError("%s is missing" % where)
+        raise TransferError("%s: %s" % (where, e.strerror))
+
+
+def open_checkpoint(parent, name, create=False):
+    """A descriptor of parent/name: parent (the output root, from the inventory) is trusted, name is not followed
+    when it is a link."""
+    try:
+        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise TransferError("%s: %s" % (parent, e.strerror))
+    try:
+        if "/" in str(name) or str(name) in ("", ".", ".."):
+            raise TransferError("%r is not a checkpoint directory name (checkpoint-N)" % (name,))
+        return _open_dir_at(pfd, str(name), os.path.join(parent, name), create=create)
+    finally:
+        os.close(pfd)
+
+
+def _walk_dirs(root_fd, parts, where, create=False):
+    """A descriptor of the directory root_fd/parts..., each component opened without following a link."""
+    fd = os.dup(root_fd)
+    try:
+        for i, p in enumerate(parts):
+            nfd = _open_dir_at(fd, p, os.path.join(where, *parts[:i + 1]), create=create)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _files_under(root_fd, rel, where):
+    """Relative paths of every regular file under directory rel (no link followed; a link stops the copy)."""
+    out = []
+    fd = _walk_dirs(root_fd, _parts(rel), where)
+    try:
+        with os.scandir(fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            sub = rel.rstrip("/") + "/" + e.name
+            if e.is_symlink():
+                raise TransferError("%s is a symbolic link: recover follows no link in the checkpoint tree (the job "
+                                    "wrote it). Fix: remove it and rerun" % os.path.join(where, sub))
+            if e.is_dir(follow_symlinks=False):
+                out += _files_under(root_fd, sub, where)
+            elif e.is_file(follow_symlinks=False):
+                out.append(sub)
+            else:
+                raise TransferError("%s is not a regular file" % os.path.join(where, sub))
+    finally:
+        os.close(fd)
+    return out
+
+
+def _open_file(root_fd, rel, where):
+    parts = _parts(rel)
+    dfd = _walk_dirs(root_fd, parts[:-1], where)
+    try:
+        fd = os.open(parts[-1], _FILE, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TransferError("%s is a symbolic link: recover follows no link in the checkpoint tree (the job "
+                                "wrote it). Fix: remove it and rerun" % os.path.join(where, rel))
+        raise TransferError("%s: %s" % (os.path.join(where, rel), e.strerror))
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise TransferError("%s is not a regular file" % os.path.join(where, rel))
+    return fd, st
+
+
+def pack(parent, name, files=(), trees=(), tmp_root=None):
+    """Tar the files (relative paths) and the directory trees of parent/name into <fresh private dir>/ckpt.tar.
+    Returns {archive, files: [relative paths], bytes}. Raises TransferError at the first link or non-file."""
+    where = os.path.join(parent, name)
+    root = open_checkpoint(parent, name)
+    try:
+        rels = [str(f) for f in files]
+        for t in trees:
+            rels += _files_under(root, str(t), where)
+        private = tempfile.mkdtemp(prefix="trainyard-ckpt-", dir=tmp_root)  # 0700, this user's
+        archive = os.path.join(private, "ckpt.tar")
+        total = 0
+        try:
+            with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+                for rel in rels:
+                    fd, st = _open_file(root, rel, where)
+                    with os.fdopen(fd, "rb") as f:
+                        info = tarfile.TarInfo("/".join(_parts(rel)))
+                        info.size, info.mtime = st.st_size, int(st.st_mtime)
+                        info.mode = stat.S_IMODE(st.st_mode) & 0o755
+                        info.uid, info.gid = st.st_uid, st.st_gid
+                        tar.addfile(info, f)
+                        total += st.st_size
+        except BaseException:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
+        return {"archive": archive, "files": rels, "bytes": total}
+    finally:
+        os.close(root)
+
+
+def _same(dir_fd, name, member, tar):
+    """True when dir_fd/name is already a regular file with the member's content."""
+    try:
+        fd = os.open(name, _FILE, dir_fd=dir_fd)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or os.fstat(f.fileno()).st_size != member.size:
+            return False
+        a, b = hashlib.sha256(), hashlib.sha256()
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            a.update(chunk)
+        src = tar.extractfile(member)
+        for chunk in iter(lambda: src.read(_CHUNK), b""):
+            b.update(chunk)
+        return a.digest() == b.digest()
+
+
+def _write_at(dir_fd, name, src, mode, owner):
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    tmp = ".%s.trainyard-%s" % (name, os.urandom(6).hex())
+    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in iter(lambda: src.read(_CHUNK), b""):
+                out.write(chunk)
+            os.fchmod(out.fileno(), mode)
+            if owner is not None and os.geteuid() == 0:
+                os.fchown(out.fileno(), *owner)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def unpack(archive, parent, name, check_mode=False):
+    """Write the regular files of a tar made by pack into parent/name (created when missing), each file owned by
+    the checkpoint directory's owner. Returns {written: [paths], unchanged: [paths]}."""
+    where = os.path.join(parent, name)
+    try:
+        tar = tarfile.open(archive, "r:")
+    except (OSError, tarfile.TarError) as e:
+        raise TransferError("%s: not a readable tar (%s)" % (archive, e))
+    with tar:
+        members = tar.getmembers()
+        for m in members:
+            _parts(m.name)
+            if not (m.isfile() or m.isdir()):
+                raise TransferError("%s in %s is not a regular file or directory: recover unpacks no link"
+                                    % (m.name, archive))
+        if check_mode:
+            try:
+                root = open_checkpoint(parent, name)
+            except TransferError:
+                return {"written": [m.name for m in members if m.isfile()], "unchanged": []}
+        else:
+            root = open_checkpoint(parent, name, create=True)
+        written, unchanged = [], []
+        try:
+            st = os.fstat(root)
+            owner = (st.st_uid, st.st_gid)
+            for m in members:
+                if not m.isfile():
+                    continue
+                parts = _parts(m.name)
+                try:
+                    dfd = _walk_dirs(root, parts[:-1], where, create=not check_mode)
+                except TransferError:
+                    if check_mode:
+                        written.append(m.name)
+                        continue
+                    raise
+                try:
+                    if _same(dfd, parts[-1], m, tar):
+                        unchanged.append(m.name)
+                        continue
+                    written.append(m.name)
+                    if not check_mode:
+                        _write_at(dfd, parts[-1], tar.extractfile(m), stat.S_IMODE(m.mode) or 0o644, owner)
+                finally:
+                    os.close(dfd)
+        finally:
+            os.close(root)
+    return {"written": written, "unchanged": unchanged}
