@@ -66,9 +66,9 @@ problems:
 from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model
+from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import ControllerAction
 
 display = Display()
 REPO = Path(__file__).resolve().parents[1]
@@ -113,15 +113,9 @@ def _fact_names(variable_manager, host: str, hostvars_host) -> set:
     return names
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
+class ActionModule(ControllerAction):
+    def decide(self, args, task_vars):
         cm = cluster_model
-        args = self._task.args
         group = args.get("group") or cm.TRAINERS
         roles_dir = Path(args.get("roles_dir") or REPO / "roles")
         removed = dict(args.get("removed") or {})
@@ -168,8 +162,7 @@ class ActionModule(ActionBase):
 
         problems = cm.validate(groups, user_vars, roles=roles, defaults=defaults, removed=removed,
                                reserved=reserved, lenient=lenient, bad_iface_patterns=patterns)
-        result["changed"] = False
-        result["problems"] = problems
+        result = {"problems": problems}
         if problems:
             header = (f"Inventory validation: {len(problems)} problem(s); no host was contacted. "
                       f"Fix them all, then rerun.")

@@ -218,29 +218,18 @@ def _named(result, source):
 if __name__ == "__main__":
     sys.exit(_child_main())
 
-from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
-from ansible.plugins.action import ActionBase  # noqa: E402
+# After the child entry point: the child needs no Ansible.
+from ansible.errors import AnsibleActionFail  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import controller_action as ca  # noqa: E402
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
-        config = args.get("config")
-        if not isinstance(config, dict):
-            raise AnsibleActionFail(f"deepspeed_validate: 'config' must be a dict, not {type(config).__name__}")
-        allow = args.get("allow_unknown_keys") or []
-        if isinstance(allow, str):
-            allow = [allow]
+class ActionModule(ca.ControllerAction):
+    def decide(self, args, task_vars):
+        config = ca.need_dict(args.get("config"), "deepspeed_validate: 'config'")
         filler = args.get("auto_filler") or "trainer"
         if filler not in ds_config.AUTO_FILLED:
             raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
-        outcome = validate(config, allow, python=args.get("python"),
-                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
-                           timeout=int(args.get("timeout", 180)), auto_filler=filler,
-                           source=args.get("source") or "the config")
-        result.update(changed=False, **outcome)
-        return result
+        return validate(config, ca.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
+                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
+                        timeout=int(args.get("timeout", 180)), auto_filler=filler,
+                        source=args.get("source") or "the config")

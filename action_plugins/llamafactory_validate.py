@@ -220,26 +220,15 @@ def validate(config, overrides=(), deepspeed_config=None, python=None, pythonpat
 if __name__ == "__main__":
     sys.exit(_child_main())
 
-from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
-from ansible.plugins.action import ActionBase  # noqa: E402
+# After the child entry point: the child needs no Ansible.
+from ansible_collections.trainyard.core.plugins.plugin_utils import controller_action as ca  # noqa: E402
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
-        config = args.get("config")
-        if not isinstance(config, dict):
-            raise AnsibleActionFail(f"llamafactory_validate: 'config' must be a dict, not {type(config).__name__}")
-        overrides = args.get("overrides") or []
-        if isinstance(overrides, str):
-            overrides = [overrides]
-        outcome = validate(config, [str(o) for o in overrides], deepspeed_config=args.get("deepspeed_config") or {},
-                           python=args.get("python"), pythonpath=args.get("pythonpath") or "",
-                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
-                           timeout=int(args.get("timeout", 300)))
-        result.update(changed=False, **outcome)
-        return result
+class ActionModule(ca.ControllerAction):
+    def decide(self, args, task_vars):
+        config = ca.need_dict(args.get("config"), "llamafactory_validate: 'config'")
+        return validate(config, [str(o) for o in ca.str_list(args.get("overrides"))],
+                        deepspeed_config=args.get("deepspeed_config") or {},
+                        python=args.get("python"), pythonpath=args.get("pythonpath") or "",
+                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
+                        timeout=int(args.get("timeout", 300)))

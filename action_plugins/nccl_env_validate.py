@@ -70,26 +70,17 @@ env:
 """
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import (ControllerAction, need_dict,
+                                                                                        str_list)
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
+class ActionModule(ControllerAction):
+    def decide(self, args, task_vars):
         sections = args.get("sections")
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
-        extra = args.get("extra") or {}
-        if not isinstance(extra, dict):
-            raise AnsibleActionFail(f"nccl_env_extra must be a dict of NAME: value, not {type(extra).__name__}")
-        allow = args.get("allow_unknown") or []
-        if isinstance(allow, str):
-            allow = [allow]
-        merged, env, errors = nccl_vars.build_env(sections, extra, allow, str(args.get("profile") or ""))
-        result.update(changed=False, ok=not errors, errors=errors, sections=merged, env=env)
-        return result
+        extra = need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
+        merged, env, errors = nccl_vars.build_env(sections, extra, str_list(args.get("allow_unknown")),
+                                                  str(args.get("profile") or ""))
+        return dict(ok=not errors, errors=errors, sections=merged, env=env)

@@ -87,18 +87,12 @@ summary:
   type: str
 """
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
+from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import ControllerAction
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
+class ActionModule(ControllerAction):
+    def decide(self, args, task_vars):
         model = dict(args.get("model") or {})
         min_nodes = args.get("min_nodes", 1)
         failed = {h: [v] if isinstance(v, str) else list(v or []) for h, v in dict(args.get("failed") or {}).items()}
@@ -113,7 +107,5 @@ class ActionModule(ActionBase):
                                      int(model.get("nproc_per_node") or 1), int(model.get("master_port") or 39500),
                                      dict(args.get("data_addresses") or {}), str(args.get("master_addr") or ""))
         except rc.RecoverError as exc:
-            result.update(failed=True, changed=False, msg=str(exc), summary=str(exc))
-            return result
-        result.update(changed=False, msg=plan["summary"], **plan)
-        return result
+            return dict(failed=True, msg=str(exc), summary=str(exc))
+        return dict(msg=plan["summary"], **plan)

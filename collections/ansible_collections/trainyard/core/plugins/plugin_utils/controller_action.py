@@ -1,0 +1,44 @@
+# -*- coding: utf-8 -*-
+"""The skeleton of the action plugins that run on the controller only (validations, the recover plan, the
+preflight records): no connection to the host, no files sent, the task's arguments read and checked, one pure
+function run, its answer returned as the task's result (never a change).
+
+A plugin subclasses ``ControllerAction`` and writes ``decide(args, task_vars)``: it returns the keys of the
+result (``failed`` and ``msg`` included when it fails) or raises ``AnsibleActionFail`` for bad arguments. The
+argument readers below give one message shape for a wrong type.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+
+class ControllerAction(ActionBase):
+    """An action that runs on the controller only; subclasses implement decide()."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def decide(self, args, task_vars):
+        raise NotImplementedError
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        result["changed"] = False
+        result.update(self.decide(self._task.args, task_vars or {}))
+        return result
+
+
+def str_list(value):
+    """An argument given as one string or a list of them, as a list ([] for none)."""
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def need_dict(value, what):
+    """value when it is a dict, else AnsibleActionFail naming what it must be."""
+    if not isinstance(value, dict):
+        raise AnsibleActionFail(f"{what} must be a dict, not {type(value).__name__}")
+    return value
