@@ -68,7 +68,7 @@ from pathlib import Path
 from ansible.errors import AnsibleActionFail
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model
-from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import ControllerAction
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 display = Display()
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def _fact_names(variable_manager, host: str, hostvars_host) -> set:
     return names
 
 
-class ActionModule(ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
         cm = cluster_model
         group = args.get("group") or cm.TRAINERS

@@ -220,16 +220,16 @@ if __name__ == "__main__":
 
 # After the child entry point: the child needs no Ansible.
 from ansible.errors import AnsibleActionFail  # noqa: E402
-from ansible_collections.trainyard.core.plugins.plugin_utils import controller_action as ca  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
-class ActionModule(ca.ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        config = ca.need_dict(args.get("config"), "deepspeed_validate: 'config'")
+        config = bases.need_dict(args.get("config"), "deepspeed_validate: 'config'")
         filler = args.get("auto_filler") or "trainer"
         if filler not in ds_config.AUTO_FILLED:
             raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
-        return validate(config, ca.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
+        return validate(config, bases.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
                         cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
                         timeout=int(args.get("timeout", 180)), auto_filler=filler,
                         source=args.get("source") or "the config")

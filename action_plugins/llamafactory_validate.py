@@ -221,13 +221,13 @@ if __name__ == "__main__":
     sys.exit(_child_main())
 
 # After the child entry point: the child needs no Ansible.
-from ansible_collections.trainyard.core.plugins.plugin_utils import controller_action as ca  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
-class ActionModule(ca.ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        config = ca.need_dict(args.get("config"), "llamafactory_validate: 'config'")
-        return validate(config, [str(o) for o in ca.str_list(args.get("overrides"))],
+        config = bases.need_dict(args.get("config"), "llamafactory_validate: 'config'")
+        return validate(config, [str(o) for o in bases.str_list(args.get("overrides"))],
                         deepspeed_config=args.get("deepspeed_config") or {},
                         python=args.get("python"), pythonpath=args.get("pythonpath") or "",
                         cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),

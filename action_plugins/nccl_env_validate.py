@@ -71,16 +71,15 @@ env:
 
 from ansible.errors import AnsibleActionFail
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
-from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import (ControllerAction, need_dict,
-                                                                                        str_list)
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
         sections = args.get("sections")
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
-        extra = need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
-        merged, env, errors = nccl_vars.build_env(sections, extra, str_list(args.get("allow_unknown")),
+        extra = bases.need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
+        merged, env, errors = nccl_vars.build_env(sections, extra, bases.str_list(args.get("allow_unknown")),
                                                   str(args.get("profile") or ""))
         return dict(ok=not errors, errors=errors, sections=merged, env=env)

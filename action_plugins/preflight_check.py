@@ -103,7 +103,7 @@ from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.utils.display import Display
-from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import ControllerAction
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 display = Display()
 
@@ -147,7 +147,7 @@ def pending_record(record, pending_on):
                 data=dict(record.get("data") or {}, pending_tasks=tasks, status_now=record["status"]))
 
 
-class ActionModule(ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
         if args.get("records") is not None:
             if not isinstance(args["records"], list) or not all(isinstance(r, dict) for r in args["records"]):

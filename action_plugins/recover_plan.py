@@ -88,10 +88,10 @@ summary:
 """
 
 from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
-from ansible_collections.trainyard.core.plugins.plugin_utils.controller_action import ControllerAction
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ControllerAction):
+class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
         model = dict(args.get("model") or {})
         min_nodes = args.get("min_nodes", 1)

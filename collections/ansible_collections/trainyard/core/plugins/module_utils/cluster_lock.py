@@ -61,17 +61,21 @@ class LockError(Exception):
 
 # ---------------------------------------------------------------- who and what (controller side)
 
-def proc_start_ticks(pid, proc=PROC):
-    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+def _stat_fields(pid, proc=PROC):
+    """The fields of /proc/PID/stat after the command name (state first), or []."""
     try:
         with open(os.path.join(proc, str(int(pid)), "stat")) as f:
             text = f.read()
     except (OSError, ValueError):
-        return None
+        return []
     rpar = text.rfind(")")
-    fields = text[rpar + 2:].split() if rpar >= 0 else []
+    return text[rpar + 2:].split() if rpar >= 0 else []
+
+
+def proc_start_ticks(pid, proc=PROC):
+    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
     try:
-        return int(fields[19])
+        return int(_stat_fields(pid, proc)[19])
     except (IndexError, ValueError):
         return None
 
@@ -87,13 +91,7 @@ def boot_id(proc=PROC):
 
 def _proc_state(pid, proc=PROC):
     """The state letter of PID (field 3 of /proc/PID/stat: R, S, Z, ...), or None."""
-    try:
-        with open(os.path.join(proc, str(int(pid)), "stat")) as f:
-            text = f.read()
-    except (OSError, ValueError):
-        return None
-    rpar = text.rfind(")")
-    return (text[rpar + 2:rpar + 3] or None) if rpar >= 0 else None
+    return (_stat_fields(pid, proc) or [None])[0]
 
 
 def pid_alive(pid, ticks, proc=PROC):

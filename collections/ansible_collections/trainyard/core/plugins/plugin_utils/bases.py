@@ -1,17 +1,22 @@
 # -*- coding: utf-8 -*-
-"""The skeleton of the action plugins that run on the controller only (validations, the recover plan, the
-preflight records): no connection to the host, no files sent, the task's arguments read and checked, one pure
-function run, its answer returned as the task's result (never a change).
+"""Base classes of the project's controller plugins.
 
-A plugin subclasses ``ControllerAction`` and writes ``decide(args, task_vars)``: it returns the keys of the
-result (``failed`` and ``msg`` included when it fails) or raises ``AnsibleActionFail`` for bad arguments. The
-argument readers below give one message shape for a wrong type.
+``ControllerAction``: the action plugins that run on the controller only (validations, the recover plan, the
+preflight records): no connection to the host, no files sent, the task's arguments read and checked, one pure
+function run, its answer returned as the task's result (never a change). A plugin writes
+``decide(args, task_vars)``: it returns the keys of the result (``failed`` and ``msg`` included when it fails) or
+raises ``AnsibleActionFail`` for bad arguments; ``str_list`` and ``need_dict`` read arguments with one message
+shape.
+
+``AlwaysLoadedCallback``: a callback that Ansible loads from ``callback_plugins/`` without being enabled and that
+prints nothing (an ``aggregate`` callback); a plugin sets ``CALLBACK_NAME``.
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible.plugins.callback import CallbackBase
 
 
 class ControllerAction(ActionBase):
@@ -42,3 +47,11 @@ def need_dict(value, what):
     if not isinstance(value, dict):
         raise AnsibleActionFail(f"{what} must be a dict, not {type(value).__name__}")
     return value
+
+
+class AlwaysLoadedCallback(CallbackBase):
+    """A callback loaded without being enabled, printing nothing; subclasses set CALLBACK_NAME."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NEEDS_ENABLED = False
