@@ -9,15 +9,15 @@ DOCUMENTATION = r"""
 module: cluster_lock_guard
 short_description: Take (waiting, judging staleness) or release the cluster lock of a node
 description:
-  - Runs the module C(cluster_lock) on the node with this run's record: the user, the controller host and boot
+  - "Runs the module C(cluster_lock) on the node with this run's record: the user, the controller host and boot
     id, the PID and start time of the C(ansible-playbook) process, the playbooks on its command line and the
-    tags.
-  - While another run holds the lock it retries every I(poll_s) seconds up to I(wait_s), then fails with one
+    tags."
+  - "While another run holds the lock it retries every I(poll_s) seconds up to I(wait_s), then fails with one
     line naming the holder, what it runs, since when, and the fix. A holder that is provably dead (it ran on this
     controller in this boot and PID namespace, and its process, PID and start time, no longer runs: killed with
     C(-9)) has its lock taken over at once, with a warning naming it. A holder only judged gone (no heartbeat for
     I(stale_s) from another controller, or a controller restarted since) may be alive: it is reported at once,
-    and its lock is removed only with I(break=true).
+    and its lock is removed only with I(break=true)."
   - After taking a lock it starts a heartbeat refresher on the controller (a detached process) that touches the
     node's lock every I(stale_s)/4 seconds (1-30 s) while the run lives, and releases it when the run ends,
     whether it succeeded or failed (the callback C(cluster_lock) removes the run's marker file at exit). After a
@@ -49,7 +49,7 @@ options:
     type: float
     default: 2
   mounted:
-    description: C({variable: path}) of the directories the training container mounts; I(path) must be outside.
+    description: "C({variable: path}) of the directories the training container mounts; I(path) must be outside."
     type: dict
     default: {}
 attributes:

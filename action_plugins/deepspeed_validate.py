@@ -13,12 +13,12 @@ description:
     C(bf16), C(offload_optimizer), ...) fails with DeepSpeed's (pydantic's) own message.
   - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
     C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
-  - C("auto") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
+  - "C(\"auto\") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
     the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; plugin_utils/ds_config.py lists the keys of each);
     elsewhere the message names the file and key and which integration would fill it. For validation the filled
-    ones are replaced by typed stand-ins.
-  - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
-    seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+    ones are replaced by typed stand-ins."
+  - "Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
+    seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop."
 options:
   config:
     description: The DeepSpeed configuration.

@@ -8,20 +8,20 @@ DOCUMENTATION = r"""
 module: llamafactory_validate
 short_description: Validate a LLaMA-Factory training config with LLaMA-Factory's own parser, on the controller
 description:
-  - Runs C(llamafactory.hparams.get_train_args) on the config (with the C(key=value) overrides the job gets, merged
+  - "Runs C(llamafactory.hparams.get_train_args) on the config (with the C(key=value) overrides the job gets, merged
     the way C(llamafactory.launcher) merges them with OmegaConf) in a separate Python process on the controller:
     C(HfArgumentParser) over LLaMA-Factory's dataclasses (model, data, training, finetuning, generating
     arguments), then LLaMA-Factory's own checks. A misspelt key fails here with the nearest valid key, before any
-    node is changed.
+    node is changed."
   - The controller has no GPU and is not the job. For the parse only, C(deepspeed) is pointed at a temporary copy
     of the rendered DeepSpeed config, C(use_cpu) is set when the controller has no CUDA device (Hugging Face checks
     bf16 support against the local hardware), and a one-process rendezvous on 127.0.0.1 stands in for torchrun
     (LLaMA-Factory refuses DeepSpeed outside torchrun). C(HF_HUB_OFFLINE=1); nothing is downloaded.
-  - LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
+  - "LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
     C(requirements-llamafactory.txt) there without dependencies: its metadata requires torchaudio and torchvision
-    builds of the torch it runs with, and none exists for the controller's CPU torch).
-  - Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
-    itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+    builds of the torch it runs with, and none exists for the controller's CPU torch)."
+  - "Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
+    itself: returns C(ok) and C(errors) so the role can record the check, then stop."
 options:
   config:
     description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).

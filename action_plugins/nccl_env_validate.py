@@ -14,8 +14,8 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
-    C(errors) so the role can record the check in the preflight report and then stop.
+  - "Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
+    C(errors) so the role can record the check in the preflight report and then stop."
 options:
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
@@ -64,7 +64,7 @@ sections:
   type: list
   elements: dict
 env:
-  description: The flat C({name: value}) of the file.
+  description: "The flat C({name: value}) of the file."
   returned: always
   type: dict
 """

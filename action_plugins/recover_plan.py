@@ -19,15 +19,15 @@ options:
     elements: str
     required: true
   unreachable:
-    description: C({host: why}) of the nodes that did not answer.
+    description: "C({host: why}) of the nodes that did not answer."
     type: dict
     default: {}
   failed:
-    description: C({host: [check: detail]}) (or one message) of the nodes whose preflight failed or broke off.
+    description: "C({host: [check: detail]}) (or one message) of the nodes whose preflight failed or broke off."
     type: dict
     default: {}
   records:
-    description: C({host: preflight_results}); the failed records of run I(run_id) are added to I(failed).
+    description: "C({host: preflight_results}); the failed records of run I(run_id) are added to I(failed)."
     type: dict
     default: {}
   run_id:
@@ -43,7 +43,7 @@ options:
     type: dict
     required: true
   data_addresses:
-    description: C({host: data address}).
+    description: "C({host: data address})."
     type: dict
     default: {}
   master_addr:

@@ -31,14 +31,6 @@ description:
 version_added: "1.0.0"
 author: trainyard
 options:
-  job:
-    description: Job name (C(cluster_job_name)); names the state directory C(<state_root>/<job>).
-    type: str
-    required: true
-  state_root:
-    description: Node-local state directory of all jobs (C(cluster_state_dir)).
-    type: path
-    default: /var/lib/trainyard
   launch_state:
     description:
       - The job's launch.json content read before the launch role's reset removed it (a dict). Used together
@@ -66,7 +58,7 @@ options:
     description: Path prefix of GPU device files; processes outside the job holding one are reported.
     type: str
     default: /dev/nvidia
-extends_documentation_fragment: [trainyard.core.attributes]
+extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 notes:
   - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token).
 """
