@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from conftest import adhoc
 
 HERE = "ctl1"
@@ -86,7 +87,7 @@ def test_a_killed_process_is_dead_before_it_is_reaped():
 
 
 def wait_for_zombie(pid):
-    while lk._proc_state(pid) not in ("Z", "X", None):
+    while (pg.read_stat(pid) or pg.ProcStat(pid, "", "X", 0, 0, 0, 0)).state not in ("Z", "X"):
         os.sched_yield()
 
 

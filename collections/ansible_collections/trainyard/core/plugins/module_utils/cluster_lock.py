@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The cluster lock: one changing operation at a time per cluster (stdlib only).
+"""The cluster lock: one changing operation at a time per cluster (stdlib and procgroup only).
 
 Every playbook that changes the nodes or the job (site, reset, the NCCL check, ...) takes the lock on every
 node, head first, before it touches anything, and gives it back at its end. The lock of a node is one file,
@@ -35,6 +35,8 @@ import os
 import stat
 import time
 
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+
 VERSION = 1
 LOCK_NAME = "cluster.lock"
 PROC = "/proc"
@@ -61,23 +63,9 @@ class LockError(Exception):
 
 # ---------------------------------------------------------------- who and what (controller side)
 
-def _stat_fields(pid, proc=PROC):
-    """The fields of /proc/PID/stat after the command name (state first), or []."""
-    try:
-        with open(os.path.join(proc, str(int(pid)), "stat")) as f:
-            text = f.read()
-    except (OSError, ValueError):
-        return []
-    rpar = text.rfind(")")
-    return text[rpar + 2:].split() if rpar >= 0 else []
-
-
 def proc_start_ticks(pid, proc=PROC):
     """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
-    try:
-        return int(_stat_fields(pid, proc)[19])
-    except (IndexError, ValueError):
-        return None
+    return pg.start_ticks(pid, proc)
 
 
 def boot_id(proc=PROC):
@@ -87,11 +75,6 @@ def boot_id(proc=PROC):
             return f.read().strip()
     except OSError:
         return ""
-
-
-def _proc_state(pid, proc=PROC):
-    """The state letter of PID (field 3 of /proc/PID/stat: R, S, Z, ...), or None."""
-    return (_stat_fields(pid, proc) or [None])[0]
 
 
 def pid_alive(pid, ticks, proc=PROC):
@@ -105,14 +88,14 @@ def pid_alive(pid, ticks, proc=PROC):
         pass
     except (OSError, ValueError, TypeError):
         return None
-    if _proc_state(pid, proc) in ("Z", "X"):
+    st = pg.read_stat(pid, proc)
+    if st is not None and st.state in ("Z", "X"):
         return False
     if ticks is None:
         return True
-    now = proc_start_ticks(pid, proc)
-    if now is None:
+    if st is None:
         return None if not os.path.isdir(proc) else False
-    return now == int(ticks)
+    return st.start_ticks == int(ticks)
 
 
 def pid_namespace(proc=PROC):
