@@ -38,18 +38,7 @@ options:
     description: Where the config came from (the user's file or the variables), for the messages.
     type: str
     default: the config
-  python:
-    description: Python interpreter on the controller that has deepspeed (default, the one running Ansible).
-    type: str
-  cache_dir:
-    description: Where results are cached; empty disables the cache.
-    type: str
-    default: ~/.cache/trainyard/deepspeed-validate
-  timeout:
-    description: Seconds the validation process may take.
-    type: int
-    default: 180
-extends_documentation_fragment: [trainyard.core.attributes.controller]
+extends_documentation_fragment: [trainyard.core.attributes.controller, trainyard.core.attributes.python_child]
 """
 
 EXAMPLES = r"""

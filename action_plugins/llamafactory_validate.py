@@ -36,22 +36,11 @@ options:
     description: The rendered DeepSpeed config the C(deepspeed) key points at on the nodes.
     type: dict
     default: {}
-  python:
-    description: Python on the controller (default, the one running Ansible).
-    type: str
   pythonpath:
     description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
     type: str
     default: ""
-  cache_dir:
-    description: Where results are cached; empty disables the cache.
-    type: str
-    default: ~/.cache/trainyard/llamafactory-validate
-  timeout:
-    description: Seconds the validation process may take.
-    type: int
-    default: 300
-extends_documentation_fragment: [trainyard.core.attributes.controller]
+extends_documentation_fragment: [trainyard.core.attributes.controller, trainyard.core.attributes.python_child]
 """
 
 EXAMPLES = r"""

@@ -29,6 +29,23 @@ options:
     default: /var/lib/trainyard
 """
 
+    # trainyard.core.attributes.python_child: the options of a validation run in a child Python on the controller
+    # (plugin_utils/python_child.py: deepspeed_validate, llamafactory_validate).
+    PYTHON_CHILD = r"""
+options:
+  python:
+    description: Python interpreter on the controller that has the validating library (default, the one running
+      Ansible).
+    type: str
+  cache_dir:
+    description: Where results are cached (default C(~/.cache/trainyard/deepspeed-validate),
+      C(~/.cache/trainyard/llamafactory-validate)); empty disables the cache.
+    type: str
+  timeout:
+    description: Seconds the validation process may take (default 180 for DeepSpeed, 300 for LLaMA-Factory).
+    type: int
+"""
+
     # trainyard.core.attributes.controller: an action plugin that decides on the controller from its arguments
     # alone, the same in check mode, without a diff.
     CONTROLLER = r"""
