@@ -43,9 +43,12 @@ def str_list(value):
 
 
 def need_dict(value, what):
-    """value when it is a dict, else AnsibleActionFail naming what it must be."""
+    """value when it is a dict, else AnsibleActionFail naming what it must be and what it is (the YAML type, not
+    Ansible's tagged class)."""
     if not isinstance(value, dict):
-        raise AnsibleActionFail(f"{what} must be a dict, not {type(value).__name__}")
+        kind = next((name for typ, name in ((bool, "bool"), (str, "str"), (int, "int"), (float, "float"),
+                                            (list, "list")) if isinstance(value, typ)), type(value).__name__)
+        raise AnsibleActionFail(f"{what} must be a dict, not {kind}")
     return value
 
 
