@@ -124,6 +124,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
@@ -453,17 +454,6 @@ class Reset(object):
                 add(path, 0, "unix socket %s" % path)
         return out
 
-    @staticmethod
-    def tree_size(path):
-        total = 0
-        for dirpath, dirnames, filenames in os.walk(path):
-            for n in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-        return total
-
     def remove(self, entry):
         path = entry["path"]
         try:
@@ -471,7 +461,7 @@ class Reset(object):
         except OSError:
             return 0
         if stat.S_ISDIR(st.st_mode):
-            size = self.tree_size(path)
+            size = ck.tree_bytes(path)
             shutil.rmtree(path)  # rmtree never follows symlinks inside the tree
             return size
         os.unlink(path)
