@@ -15,11 +15,9 @@ O_EXCL | O_NOFOLLOW``) and ``link()``-ed to the lock's name, which fails with ``
 has it. Its modification time is the heartbeat: while the run lives, a refresher on the controller touches it
 every few seconds, and the node itself measures its age (no clock skew between controller and node enters).
 
-What a lock found held means is decided on the controller (``judge``): when the holder ran on this
-controller in this boot and in this PID namespace, its process is looked up directly, and a process that is gone,
-a zombie or a reused PID (another start time) is provably dead (``GONE``): the run takes the lock over. Otherwise
-a heartbeat older than ``cluster_lock_stale_s`` makes the holder ``STALE``: probably gone but possibly alive
-(another controller, cut off), so it is reported and broken only on request (``cluster_lock_break``).
+What a lock found held means is decided on the controller (``judge``): a holder of this controller, boot and PID
+namespace whose process is gone, a zombie or a reused PID is provably dead and taken over; one whose heartbeat is
+older than ``cluster_lock_stale_s`` may be alive: reported, broken only on request (``cluster_lock_break``).
 ``held_message`` is the one line a run stops with.
 
 The node-side functions (``acquire``, ``release``, ``heartbeat``, ``read``) are used by
@@ -187,13 +185,10 @@ LIVE, GONE, STALE = "live", "gone", "stale"
 def judge(holder, heartbeat_age_s, stale_s, here_host, here_boot, alive=pid_alive, here_ns=None):
     """(LIVE | GONE | STALE, reason) for a lock found held by another run.
 
-    GONE, provably dead: the holder ran on this controller (same host name), in this boot (same boot id) and in
-    this PID namespace, and its process (PID and start time) no longer runs; the lock may be taken over. A holder
-    looked up that way and found running is LIVE, whatever the heartbeat says. Any other holder (another
-    controller, a record without boot id or namespace, /proc unreadable) is STALE once its heartbeat is older
-    than stale_s, and LIVE until then; a controller restarted since (same host name, another boot id) is STALE at
-    once. A STALE holder may be alive (a cut-off controller, another machine of the same name): only the user
-    breaks its lock. A record nobody can read (not JSON, no token) is STALE once its file is older than stale_s."""
+    A holder of this controller, boot and PID namespace is looked up: GONE (provably dead, taken over) once its
+    process (PID and start time) no longer runs, LIVE while it does, whatever the heartbeat says. Any other
+    holder, or an unreadable record, may be alive: STALE (broken only on request) once its heartbeat is older
+    than stale_s, or at once when this controller restarted since (same host name, another boot id)."""
     here_ns = pid_namespace() if here_ns is None else here_ns
     if not isinstance(holder, dict) or not holder.get("token"):
         if heartbeat_age_s is not None and heartbeat_age_s > stale_s:

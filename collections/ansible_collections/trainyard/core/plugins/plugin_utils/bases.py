@@ -1,16 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Base classes of the project's controller plugins.
-
-``ControllerAction``: the action plugins that run on the controller only (validations, the recover plan, the
-preflight records): no connection to the host, no files sent, the task's arguments read and checked, one pure
-function run, its answer returned as the task's result (never a change). A plugin writes
-``decide(args, task_vars)``: it returns the keys of the result (``failed`` and ``msg`` included when it fails) or
-raises ``AnsibleActionFail`` for bad arguments; ``str_list`` and ``need_dict`` read arguments with one message
-shape.
-
-``AlwaysLoadedCallback``: a callback that Ansible loads from ``callback_plugins/`` without being enabled and that
-prints nothing (an ``aggregate`` callback); a plugin sets ``CALLBACK_NAME``.
-"""
+"""Base classes of the project's controller plugins: ``ControllerAction`` for the actions that run on the
+controller only (no connection, no files; the task's arguments in, one pure function, its answer out as the
+result, never a change), ``AlwaysLoadedCallback`` for the callbacks loaded without being enabled."""
 
 from __future__ import annotations
 
@@ -20,7 +11,8 @@ from ansible.plugins.callback import CallbackBase
 
 
 class ControllerAction(ActionBase):
-    """An action that runs on the controller only; subclasses implement decide()."""
+    """Subclasses write decide(args, task_vars): the result's keys (failed and msg when it fails), or
+    AnsibleActionFail for bad arguments."""
 
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -53,7 +45,7 @@ def need_dict(value, what):
 
 
 class AlwaysLoadedCallback(CallbackBase):
-    """A callback loaded without being enabled, printing nothing; subclasses set CALLBACK_NAME."""
+    """A callback (callback_plugins/) loaded without being enabled, printing nothing; subclasses set CALLBACK_NAME."""
 
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
