@@ -9,13 +9,15 @@ DOCUMENTATION = r"""
 module: cluster_lock_guard
 short_description: Take (waiting, judging staleness) or release the cluster lock of a node
 description:
-  - Runs the module C(cluster_lock) on the node with this run's record: the user, the controller host and boot
+  - "Runs the module C(cluster_lock) on the node with this run's record: the user, the controller host and boot
     id, the PID and start time of the C(ansible-playbook) process, the playbooks on its command line and the
-    tags.
-  - While another run holds the lock it retries every I(poll_s) seconds up to I(wait_s), then fails with one
-    line naming the holder, what it runs, since when, and the fix. A holder judged gone (its process no longer
-    runs on this controller, or no heartbeat for I(stale_s)) is reported at once, and its lock is removed only
-    with I(break=true).
+    tags."
+  - "While another run holds the lock it retries every I(poll_s) seconds up to I(wait_s), then fails with one
+    line naming the holder, what it runs, since when, and the fix. A holder that is provably dead (it ran on this
+    controller in this boot and PID namespace, and its process, PID and start time, no longer runs: killed with
+    C(-9)) has its lock taken over at once, with a warning naming it. A holder only judged gone (no heartbeat for
+    I(stale_s) from another controller, or a controller restarted since) may be alive: it is reported at once,
+    and its lock is removed only with I(break=true)."
   - After taking a lock it starts a heartbeat refresher on the controller (a detached process) that touches the
     node's lock every I(stale_s)/4 seconds (1-30 s) while the run lives, and releases it when the run ends,
     whether it succeeded or failed (the callback C(cluster_lock) removes the run's marker file at exit). After a
@@ -39,7 +41,7 @@ options:
     type: float
     default: 300
   break:
-    description: Remove a lock whose holder is gone (never a live one).
+    description: Remove a lock whose holder is judged gone by its heartbeat (never a live one).
     type: bool
     default: false
   poll_s:
@@ -47,7 +49,7 @@ options:
     type: float
     default: 2
   mounted:
-    description: C({variable: path}) of the directories the training container mounts; I(path) must be outside.
+    description: "C({variable: path}) of the directories the training container mounts; I(path) must be outside."
     type: dict
     default: {}
 attributes:
@@ -78,7 +80,7 @@ released:
   returned: state=absent
   type: bool
 broken:
-  description: The record of a stale lock that was removed (break=true), or null.
+  description: The record of a lock taken over (its holder provably dead) or broken (break=true), or null.
   returned: state=present
   type: dict
 record:
@@ -154,7 +156,8 @@ class ActionModule(ActionBase):
         host = socket.gethostname()
         boot = lk.boot_id()
         record = lk.owner_record(getpass.getuser(), host, boot, pid, ticks, lk.playbooks_from_argv(sys.argv),
-                                 task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
+                                 task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"),
+                                 lk.pid_namespace())
         token = record["token"]
         result["record"] = record
 
@@ -168,12 +171,14 @@ class ActionModule(ActionBase):
         started = time.monotonic()
         break_token = ""
         announced = False
+        gone = None  # (reason, age of the lock) of a provably dead holder being taken over
         while True:
             r = self._lock_module(task_vars, path=path, state="present", record=record, break_token=break_token)
             if r.get("failed"):
                 return dict(result, **r)
             if r.get("broken"):
-                display.warning("%s: removed the stale cluster lock of %s" % (node, lk.describe(r["broken"])))
+                display.warning(lk.takeover_message(node, r["broken"], gone[1], gone[0]) if gone else
+                                "%s: removed the stale cluster lock of %s" % (node, lk.describe(r["broken"])))
                 result["broken"] = r["broken"]
             if r.get("acquired"):
                 result.update(acquired=True, created=bool(r.get("created")), changed=False)
@@ -183,17 +188,22 @@ class ActionModule(ActionBase):
             holder = r.get("holder")
             if holder is None:  # freed between the tries: take it now
                 continue
-            stale, reason = lk.judge(holder, r.get("heartbeat_age_s"), stale_s, host, boot)
-            if stale and brk and not break_token:
-                break_token = holder.get("token") or ""
-                if break_token:
-                    continue
+            verdict, reason = lk.judge(holder, r.get("heartbeat_age_s"), stale_s, host, boot)
+            # Provably dead: take over; judged gone by the heartbeat: only on request. Either way the module
+            # removes the lock only while it still holds the token judged here.
+            if (verdict == lk.GONE or (verdict == lk.STALE and brk)) and holder.get("token") \
+                    and holder["token"] != break_token and not self._task.check_mode:
+                break_token = holder["token"]
+                gone = (reason, r.get("age_s")) if verdict == lk.GONE else None
+                continue
             lock_file = r.get("lock") or os.path.join(path, lk.LOCK_NAME)
             if self._task.check_mode:
-                display.warning(lk.held_message(node, lock_file, holder, r.get("age_s"), 0,
-                                                reason if stale else None))
+                display.warning("%s: would take over the cluster lock of %s: %s" % (
+                    node, lk.describe(holder, r.get("age_s")), reason) if verdict == lk.GONE else
+                    lk.held_message(node, lock_file, holder, r.get("age_s"), 0,
+                                    reason if verdict == lk.STALE else None))
                 return dict(result, acquired=False)
-            if stale:
+            if verdict != lk.LIVE:
                 return dict(result, failed=True, acquired=False, lock_holder=holder,
                             msg=lk.held_message(node, lock_file, holder, r.get("age_s"), stale_reason=reason))
             waited = time.monotonic() - started

@@ -12,9 +12,9 @@ description:
   - Reads the variables the user set for every host of the group C(trainers) (inventory, group_vars,
     host_vars, extra vars; gathered facts are ignored), checks them all, and fails once listing every problem,
     one line each, starting with "Stop if", naming host, variable, bad value and the fix.
-  - Every variable whose name starts with a role prefix (C(cluster_), C(network_), C(container_), ... and
+  - "Every variable whose name starts with a role prefix (C(cluster_), C(network_), C(container_), ... and
     C(<role>_) for every role with a C(meta/argument_specs.yml)) is checked against that role's argument spec:
-    unknown names (with the nearest valid name), type, choices, nested options of dicts and lists of dicts.
+    unknown names (with the nearest valid name), type, choices, nested options of dicts and lists of dicts."
   - Computes the cluster model (node rank, nnodes, world size, head, master address and port, hosts by rank,
     data address) with C(plugin_utils/cluster_model.py) and returns it per host in I(models).
 options:
@@ -26,11 +26,11 @@ options:
     description: Directory whose C(*/meta/argument_specs.yml) type the role variables. Default is the repository's C(roles/).
     type: path
   removed:
-    description: Removed or renamed variables, C({old: {new: name, note: text}}).
+    description: "Removed or renamed variables, C({old: {new: name, note: text}})."
     type: dict
     default: {}
   reserved:
-    description: Facts that roles compute and the inventory must not set, C({fact: role}).
+    description: "Facts that roles compute and the inventory must not set, C({fact: role})."
     type: dict
     default: {}
   bad_iface_patterns:
@@ -66,9 +66,9 @@ problems:
 from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 display = Display()
 REPO = Path(__file__).resolve().parents[1]
@@ -113,15 +113,9 @@ def _fact_names(variable_manager, host: str, hostvars_host) -> set:
     return names
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
         cm = cluster_model
-        args = self._task.args
         group = args.get("group") or cm.TRAINERS
         roles_dir = Path(args.get("roles_dir") or REPO / "roles")
         removed = dict(args.get("removed") or {})
@@ -168,8 +162,7 @@ class ActionModule(ActionBase):
 
         problems = cm.validate(groups, user_vars, roles=roles, defaults=defaults, removed=removed,
                                reserved=reserved, lenient=lenient, bad_iface_patterns=patterns)
-        result["changed"] = False
-        result["problems"] = problems
+        result = {"problems": problems}
         if problems:
             header = (f"Inventory validation: {len(problems)} problem(s); no host was contacted. "
                       f"Fix them all, then rerun.")

@@ -13,12 +13,12 @@ description:
     C(bf16), C(offload_optimizer), ...) fails with DeepSpeed's (pydantic's) own message.
   - DeepSpeed ignores top-level keys it does not read; this plugin records which top-level keys
     C(DeepSpeedConfig) reads and reports any other one as unknown, with the nearest key DeepSpeed reads.
-  - C("auto") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
+  - "C(\"auto\") is accepted only where the chosen integration fills the value at run time (I(auto_filler):
     the Hugging Face Trainer, or Accelerate's DeepSpeedPlugin; plugin_utils/ds_config.py lists the keys of each);
     elsewhere the message names the file and key and which integration would fill it. For validation the filled
-    ones are replaced by typed stand-ins.
-  - Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
-    seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+    ones are replaced by typed stand-ins."
+  - "Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
+    seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop."
 options:
   config:
     description: The DeepSpeed configuration.
@@ -38,18 +38,7 @@ options:
     description: Where the config came from (the user's file or the variables), for the messages.
     type: str
     default: the config
-  python:
-    description: Python interpreter on the controller that has deepspeed (default, the one running Ansible).
-    type: str
-  cache_dir:
-    description: Where results are cached; empty disables the cache.
-    type: str
-    default: ~/.cache/trainyard/deepspeed-validate
-  timeout:
-    description: Seconds the validation process may take.
-    type: int
-    default: 180
-extends_documentation_fragment: [trainyard.core.attributes.controller]
+extends_documentation_fragment: [trainyard.core.attributes.controller, trainyard.core.attributes.python_child]
 """
 
 EXAMPLES = r"""
@@ -218,29 +207,18 @@ def _named(result, source):
 if __name__ == "__main__":
     sys.exit(_child_main())
 
-from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
-from ansible.plugins.action import ActionBase  # noqa: E402
+# After the child entry point: the child needs no Ansible.
+from ansible.errors import AnsibleActionFail  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
-        config = args.get("config")
-        if not isinstance(config, dict):
-            raise AnsibleActionFail(f"deepspeed_validate: 'config' must be a dict, not {type(config).__name__}")
-        allow = args.get("allow_unknown_keys") or []
-        if isinstance(allow, str):
-            allow = [allow]
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
+        config = bases.need_dict(args.get("config"), "deepspeed_validate: 'config'")
         filler = args.get("auto_filler") or "trainer"
         if filler not in ds_config.AUTO_FILLED:
             raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
-        outcome = validate(config, allow, python=args.get("python"),
-                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
-                           timeout=int(args.get("timeout", 180)), auto_filler=filler,
-                           source=args.get("source") or "the config")
-        result.update(changed=False, **outcome)
-        return result
+        return validate(config, bases.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
+                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
+                        timeout=int(args.get("timeout", 180)), auto_filler=filler,
+                        source=args.get("source") or "the config")

@@ -8,20 +8,20 @@ DOCUMENTATION = r"""
 module: llamafactory_validate
 short_description: Validate a LLaMA-Factory training config with LLaMA-Factory's own parser, on the controller
 description:
-  - Runs C(llamafactory.hparams.get_train_args) on the config (with the C(key=value) overrides the job gets, merged
+  - "Runs C(llamafactory.hparams.get_train_args) on the config (with the C(key=value) overrides the job gets, merged
     the way C(llamafactory.launcher) merges them with OmegaConf) in a separate Python process on the controller:
     C(HfArgumentParser) over LLaMA-Factory's dataclasses (model, data, training, finetuning, generating
     arguments), then LLaMA-Factory's own checks. A misspelt key fails here with the nearest valid key, before any
-    node is changed.
+    node is changed."
   - The controller has no GPU and is not the job. For the parse only, C(deepspeed) is pointed at a temporary copy
     of the rendered DeepSpeed config, C(use_cpu) is set when the controller has no CUDA device (Hugging Face checks
     bf16 support against the local hardware), and a one-process rendezvous on 127.0.0.1 stands in for torchrun
     (LLaMA-Factory refuses DeepSpeed outside torchrun). C(HF_HUB_OFFLINE=1); nothing is downloaded.
-  - LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
+  - "LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
     C(requirements-llamafactory.txt) there without dependencies: its metadata requires torchaudio and torchvision
-    builds of the torch it runs with, and none exists for the controller's CPU torch).
-  - Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
-    itself: returns C(ok) and C(errors) so the role can record the check, then stop.
+    builds of the torch it runs with, and none exists for the controller's CPU torch)."
+  - "Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
+    itself: returns C(ok) and C(errors) so the role can record the check, then stop."
 options:
   config:
     description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).
@@ -36,22 +36,11 @@ options:
     description: The rendered DeepSpeed config the C(deepspeed) key points at on the nodes.
     type: dict
     default: {}
-  python:
-    description: Python on the controller (default, the one running Ansible).
-    type: str
   pythonpath:
     description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
     type: str
     default: ""
-  cache_dir:
-    description: Where results are cached; empty disables the cache.
-    type: str
-    default: ~/.cache/trainyard/llamafactory-validate
-  timeout:
-    description: Seconds the validation process may take.
-    type: int
-    default: 300
-extends_documentation_fragment: [trainyard.core.attributes.controller]
+extends_documentation_fragment: [trainyard.core.attributes.controller, trainyard.core.attributes.python_child]
 """
 
 EXAMPLES = r"""
@@ -220,26 +209,15 @@ def validate(config, overrides=(), deepspeed_config=None, python=None, pythonpat
 if __name__ == "__main__":
     sys.exit(_child_main())
 
-from ansible.errors import AnsibleActionFail  # noqa: E402  (after the child entry point: it needs no Ansible)
-from ansible.plugins.action import ActionBase  # noqa: E402
+# After the child entry point: the child needs no Ansible.
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
-        config = args.get("config")
-        if not isinstance(config, dict):
-            raise AnsibleActionFail(f"llamafactory_validate: 'config' must be a dict, not {type(config).__name__}")
-        overrides = args.get("overrides") or []
-        if isinstance(overrides, str):
-            overrides = [overrides]
-        outcome = validate(config, [str(o) for o in overrides], deepspeed_config=args.get("deepspeed_config") or {},
-                           python=args.get("python"), pythonpath=args.get("pythonpath") or "",
-                           cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
-                           timeout=int(args.get("timeout", 300)))
-        result.update(changed=False, **outcome)
-        return result
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
+        config = bases.need_dict(args.get("config"), "llamafactory_validate: 'config'")
+        return validate(config, [str(o) for o in bases.str_list(args.get("overrides"))],
+                        deepspeed_config=args.get("deepspeed_config") or {},
+                        python=args.get("python"), pythonpath=args.get("pythonpath") or "",
+                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
+                        timeout=int(args.get("timeout", 300)))

@@ -14,8 +14,8 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
-    C(errors) so the role can record the check in the preflight report and then stop.
+  - "Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
+    C(errors) so the role can record the check in the preflight report and then stop."
 options:
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
@@ -64,32 +64,22 @@ sections:
   type: list
   elements: dict
 env:
-  description: The flat C({name: value}) of the file.
+  description: "The flat C({name: value}) of the file."
   returned: always
   type: dict
 """
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
         sections = args.get("sections")
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
-        extra = args.get("extra") or {}
-        if not isinstance(extra, dict):
-            raise AnsibleActionFail(f"nccl_env_extra must be a dict of NAME: value, not {type(extra).__name__}")
-        allow = args.get("allow_unknown") or []
-        if isinstance(allow, str):
-            allow = [allow]
-        merged, env, errors = nccl_vars.build_env(sections, extra, allow, str(args.get("profile") or ""))
-        result.update(changed=False, ok=not errors, errors=errors, sections=merged, env=env)
-        return result
+        extra = bases.need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
+        merged, env, errors = nccl_vars.build_env(sections, extra, bases.str_list(args.get("allow_unknown")),
+                                                  str(args.get("profile") or ""))
+        return dict(ok=not errors, errors=errors, sections=merged, env=env)

@@ -102,8 +102,8 @@ preflight_records:
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 display = Display()
 
@@ -147,14 +147,8 @@ def pending_record(record, pending_on):
                 data=dict(record.get("data") or {}, pending_tasks=tasks, status_now=record["status"]))
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
-        args = self._task.args
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
         if args.get("records") is not None:
             if not isinstance(args["records"], list) or not all(isinstance(r, dict) for r in args["records"]):
                 raise AnsibleActionFail("preflight_check: 'records' must be a list of dicts (check, ok|status, ...)")
@@ -176,14 +170,12 @@ class ActionModule(ActionBase):
         # list may hold an earlier run's records: keep only this run's.
         previous = [r for r in task_vars.get(FACT) or []
                     if isinstance(r, dict) and r.get("check") not in names and r.get("run") == run]
-        result.update(
-            changed=False,
+        return dict(
             preflight_record=records[-1] if records else {},
             preflight_records=records,
             ansible_facts={FACT: previous + records},
             _ansible_facts_cacheable=False,
         )
-        return result
 
     @staticmethod
     def _pending(records, specs, args):

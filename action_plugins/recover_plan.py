@@ -19,15 +19,15 @@ options:
     elements: str
     required: true
   unreachable:
-    description: C({host: why}) of the nodes that did not answer.
+    description: "C({host: why}) of the nodes that did not answer."
     type: dict
     default: {}
   failed:
-    description: C({host: [check: detail]}) (or one message) of the nodes whose preflight failed or broke off.
+    description: "C({host: [check: detail]}) (or one message) of the nodes whose preflight failed or broke off."
     type: dict
     default: {}
   records:
-    description: C({host: preflight_results}); the failed records of run I(run_id) are added to I(failed).
+    description: "C({host: preflight_results}); the failed records of run I(run_id) are added to I(failed)."
     type: dict
     default: {}
   run_id:
@@ -43,7 +43,7 @@ options:
     type: dict
     required: true
   data_addresses:
-    description: C({host: data address}).
+    description: "C({host: data address})."
     type: dict
     default: {}
   master_addr:
@@ -83,18 +83,12 @@ summary:
   type: str
 """
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        args = self._task.args
+class ActionModule(bases.ControllerAction):
+    def decide(self, args, task_vars):
         model = dict(args.get("model") or {})
         min_nodes = args.get("min_nodes", 1)
         failed = {h: [v] if isinstance(v, str) else list(v or []) for h, v in dict(args.get("failed") or {}).items()}
@@ -109,7 +103,5 @@ class ActionModule(ActionBase):
                                      int(model.get("nproc_per_node") or 1), int(model.get("master_port") or 39500),
                                      dict(args.get("data_addresses") or {}), str(args.get("master_addr") or ""))
         except rc.RecoverError as exc:
-            result.update(failed=True, changed=False, msg=str(exc), summary=str(exc))
-            return result
-        result.update(changed=False, msg=plan["summary"], **plan)
-        return result
+            return dict(failed=True, msg=str(exc), summary=str(exc))
+        return dict(msg=plan["summary"], **plan)

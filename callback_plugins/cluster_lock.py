@@ -20,9 +20,9 @@ import atexit
 import os
 import time
 
-from ansible.plugins.callback import CallbackBase
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
 from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 _REGISTERED = []
 
@@ -55,11 +55,8 @@ def _forget_dead(lk):
                 pass
 
 
-class CallbackModule(CallbackBase):
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
+class CallbackModule(bases.AlwaysLoadedCallback):
     CALLBACK_NAME = "cluster_lock"
-    CALLBACK_NEEDS_ENABLED = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

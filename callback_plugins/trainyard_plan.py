@@ -26,7 +26,7 @@ import difflib
 import json
 from collections.abc import Mapping
 
-from ansible.plugins.callback import CallbackBase
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 FACT = "trainyard_plan"
 _FILE = {"lineinfile", "blockinfile", "copy", "template", "file", "job_files", "ini_file", "replace", "get_url",
@@ -148,11 +148,8 @@ def summarize(action, args, result):
     return "changed"
 
 
-class CallbackModule(CallbackBase):
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
+class CallbackModule(bases.AlwaysLoadedCallback):
     CALLBACK_NAME = "trainyard_plan"
-    CALLBACK_NEEDS_ENABLED = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -38,7 +38,10 @@ A host that recorded nothing (unreachable, or failed before its first check) get
 from __future__ import annotations
 
 import datetime as _dt
+from functools import partial
 from typing import Any, Iterable, Mapping
+
+from ansible_collections.trainyard.core.plugins.plugin_utils import cluster_model
 
 SCHEMA = 1
 STATUSES = ("pass", "fail", "warn", "skip", "pending", "unreachable")
@@ -48,20 +51,8 @@ MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip", "pending":
 REACH_CHECK = "host.reachable"
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value if value is None else str(value)
+# Ansible's tagged types as plain JSON values.
+_plain = partial(cluster_model._plain, json_safe=True)
 
 
 def plan_of(plans: Mapping[str, Any] | None, hosts: list[str], records: list[dict]) -> dict:

@@ -7,8 +7,8 @@ DOCUMENTATION = r"""
 module: job_collect
 short_description: Gather a node's evidence about the training job (logs, state, dumps, kernel log, GPUs)
 description:
-  - Read-only on the node: safe on a running, hung or dead job. Returns the files as data (base64) for the
-    controller to store under C(runs/<id>/nodes/<host>/).
+  - "Read-only on the node: safe on a running, hung or dead job. Returns the files as data (base64) for the
+    controller to store under C(runs/<id>/nodes/<host>/)."
   - From the job's host-only state directory (C(<state_root>/<job>/)) C(launch.json) and C(janitor.log); from its
     read-only part (C(job-ro/)) C(nccl.env), C(ds_config.json) and the launcher's C(launch.spec.json); from its
     job-writable part (C(job-rw/)) the torchrun log (head and tail kept within I(log_max_bytes)), the launcher's
@@ -16,15 +16,13 @@ description:
     and progress file (C(progress/rank_<N>.json)). A job on the host (runtime host) keeps its launcher's spec,
     pid and exit records in the host-only directory. The torchelastic error file of every failed rank named in
     the log is read in the training container when the job runs in one (never as a host path).
-  - job-ro and job-rw are read as untrusted, through directory fds opened from the host-only directory: no
+  - "job-ro and job-rw are read as untrusted, through directory fds opened from the host-only directory: no
     symbolic link followed (none in between either), only regular files, size-capped; values of secret-looking
-    variables (token, password, key, ...) in env and JSON files are replaced.
+    variables (token, password, key, ...) in env and JSON files are replaced."
   - The kernel log since the job started (journalctl -k, else dmesg) with its Xid, OOM-killer and segfault
     events, C(nvidia-smi -q -x), the fabric manager's journal, the training container's C(docker inspect) and
     log tail. What cannot be read is listed with the reason, never silently left out.
 options:
-  job: {description: The job name (cluster_job_name)., type: str, required: true}
-  state_root: {description: The node-local state root (cluster_state_dir)., type: str, default: /var/lib/trainyard}
   container: {description: The training container; empty when the job runs on the node., type: str, default: ""}
   since:
     description: Epoch seconds the kernel log and journals are read from; 0 = when the job started (launch.json).
@@ -41,7 +39,7 @@ options:
   fabricmanager_unit: {description: The fabric manager's systemd unit., type: str, default: nvidia-fabricmanager}
   nvidia_smi: {description: nvidia-smi (name or path); empty skips it., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take; 0 waits forever., type: int, default: 60}
-extends_documentation_fragment: [trainyard.core.attributes]
+extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 author: trainyard
 """
 
@@ -305,7 +303,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             job=dict(type="str", required=True),
-            state_root=dict(type="str", default="/var/lib/trainyard"),
+            state_root=dict(type="path", default="/var/lib/trainyard"),
             container=dict(type="str", default=""),
             since=dict(type="float", default=0),
             log_max_bytes=dict(type="int", default=4 << 20),

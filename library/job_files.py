@@ -13,9 +13,9 @@ DOCUMENTATION = r"""
 module: job_files
 short_description: Create the job's directories, write its files and point its links, in one call
 description:
-  - Creates each missing directory (with missing parents) with its mode. An existing directory is never changed
+  - "Creates each missing directory (with missing parents) with its mode. An existing directory is never changed
     (neither mode nor owner): it may be a system or shared directory this module did not create. Only an entry
-    with C(enforce_mode) sets the mode of an existing directory.
+    with C(enforce_mode) sets the mode of an existing directory."
   - Writes each file whose content or mode differs, atomically (a temporary file in the same directory, then a
     rename); a file that already holds the content is left alone.
   - Returns, per file, whether it changed, its sha256 and size, and with I(return_content) its bytes (base64, as

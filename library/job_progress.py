@@ -10,23 +10,21 @@ description:
   - Reads the ranks' progress files (C(<state_root>/<job>/job-rw/progress/rank_<N>.json), written by the entry point)
     through directory fds without following links (none in between either), and C(nvidia-smi -q -x) for
     utilisation, memory, temperature and clock slowdown reasons.
-  - With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job. The ranks
+  - "With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job. The ranks
     are found in /proc, never from a file the job writes: the processes that carry this launch's token
     (C(TRAINYARD_LAUNCH_ID), from the host-only launch.json) with torchrun's C(RANK) and C(LOCAL_RANK) in their
     environment. Each is dumped with C(py-spy dump) (I(py_spy), else py-spy on the node's PATH, else in the training
     container, which needs CAP_SYS_PTRACE; C(--nonblocking) for a stopped rank), else with SIGUSR1 to a rank that
     registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a sitecustomize on the job's
     PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). Each stack is kept in the host-only
-    C(<state_root>/<job>/stacks/rank_<N>.txt) (not in check mode), where collect.yml picks it up.
+    C(<state_root>/<job>/stacks/rank_<N>.txt) (not in check mode), where collect.yml picks it up."
 options:
-  job: {description: The job name., type: str, required: true}
-  state_root: {description: The node-local state root., type: str, default: /var/lib/trainyard}
   container: {description: The training container (py-spy inside it); empty when the job runs on the node., type: str, default: ""}
   stacks: {description: Take every rank's Python stack., type: bool, default: false}
   py_spy: {description: A py-spy binary on the node to use first; empty looks for py-spy on the PATH., type: str, default: ""}
   nvidia_smi: {description: nvidia-smi; empty skips the GPU state., type: str, default: nvidia-smi}
   timeout: {description: Seconds each command may take., type: int, default: 30}
-extends_documentation_fragment: [trainyard.core.attributes]
+extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 author: trainyard
 """
 
@@ -81,7 +79,7 @@ def main():
     m = AnsibleModule(
         argument_spec=dict(
             job=dict(type="str", required=True),
-            state_root=dict(type="str", default="/var/lib/trainyard"),
+            state_root=dict(type="path", default="/var/lib/trainyard"),
             container=dict(type="str", default=""),
             stacks=dict(type="bool", default=False),
             py_spy=dict(type="str", default=""),

@@ -31,14 +31,6 @@ description:
 version_added: "1.0.0"
 author: trainyard
 options:
-  job:
-    description: Job name (C(cluster_job_name)); names the state directory C(<state_root>/<job>).
-    type: str
-    required: true
-  state_root:
-    description: Node-local state directory of all jobs (C(cluster_state_dir)).
-    type: path
-    default: /var/lib/trainyard
   launch_state:
     description:
       - The job's launch.json content read before the launch role's reset removed it (a dict). Used together
@@ -66,7 +58,7 @@ options:
     description: Path prefix of GPU device files; processes outside the job holding one are reported.
     type: str
     default: /dev/nvidia
-extends_documentation_fragment: [trainyard.core.attributes]
+extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 notes:
   - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token).
 """
@@ -132,6 +124,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
@@ -461,17 +454,6 @@ class Reset(object):
                 add(path, 0, "unix socket %s" % path)
         return out
 
-    @staticmethod
-    def tree_size(path):
-        total = 0
-        for dirpath, dirnames, filenames in os.walk(path):
-            for n in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-        return total
-
     def remove(self, entry):
         path = entry["path"]
         try:
@@ -479,7 +461,7 @@ class Reset(object):
         except OSError:
             return 0
         if stat.S_ISDIR(st.st_mode):
-            size = self.tree_size(path)
+            size = ck.tree_bytes(path)
             shutil.rmtree(path)  # rmtree never follows symlinks inside the tree
             return size
         os.unlink(path)

@@ -20,9 +20,9 @@ description:
     even when the play stops half-way; C(mode=stop) ends it earlier (PID and start time checked).
   - C(mode=connect) (worker) opens one TCP connection with a I(timeout) and tells a timeout (packets dropped,
     e.g. a firewall DROP rule) from a refusal, an ICMP unreachable and a local blackhole/prohibit route.
-  - C(mode=stop_job_holders) (reset) stops the processes holding the port that belong to this tool's job
+  - "C(mode=stop_job_holders) (reset) stops the processes holding the port that belong to this tool's job
     (SIGTERM, then SIGKILL after I(grace), through C(module_utils/procgroup.py): a PID is signalled only while it is
-    the process that was found); a holder outside the job is reported and left alone.
+    the process that was found); a holder outside the job is reported and left alone."
 options:
   mode:
     description: What to do.

@@ -13,13 +13,13 @@ description:
     rendezvous endpoint) and starts it detached in a session of its own, so it outlives the Ansible connection.
     Output goes to a node-local log; C(<state_root>/<job>/launch.json) records PID, process group, start time,
     command and sidecars.
-  - Runtime C(host) runs torchrun on the node; runtime C(docker) runs it inside the long-lived training
+  - "Runtime C(host) runs torchrun on the node; runtime C(docker) runs it inside the long-lived training
     container (which must use C(pid_mode=host)) through C(docker exec -d) and a small launcher written into the
     job's read-only directory C(<state_root>/<job>/job-ro) (the container mounts it read-only; C(job-rw) is the
     only part it may write: the log and the launcher's pid and exit records, which are read back as untrusted
     data). C(<state_root>/<job>) itself holds the host-only state (C(launch.json), sidecar records) and is never
     mounted. Either way the job's processes are tracked by PID plus start time and a launch token in
-    their environment, never by name.
+    their environment, never by name."
   - Idempotent. The same job with the same command already running is left alone (C(changed=false)); another
     job holding the node, or this job running with a different command, makes the task fail and say how to stop
     it. Stopping sends SIGTERM to every process of the job and its sidecars, SIGKILL after C(stop_timeout).
@@ -27,20 +27,13 @@ description:
     (rank, exit code, signal) with the log tail.
 version_added: "1.0.0"
 author: trainyard
+extends_documentation_fragment: [trainyard.core.attributes.job]
 options:
   state:
     description: C(started) launches (or leaves a matching running job alone), C(stopped) ends the job, C(status) only reports.
     type: str
     choices: [started, stopped, status]
     default: started
-  job:
-    description: Job name; names the state directory C(<state_root>/<job>).
-    type: str
-    required: true
-  state_root:
-    description: Node-local state directory of all jobs (C(cluster_state_dir)).
-    type: path
-    default: /var/lib/trainyard
   nnodes:
     description: Number of nodes (C(cluster_model.nnodes)). Required for C(state=started).
     type: int
@@ -69,8 +62,8 @@ options:
   min_nnodes:
     description:
       - torchrun's elastic mode (C(rdzv_backend=c10d) only) C(--nnodes=min_nnodes:nnodes); 0 keeps a fixed size.
-      - Elastic restarts the ranks from the entry point's start (restart is not resume): the job must load its own
-        checkpoint, and a ZeRO checkpoint of another world size needs the conversion C(playbooks/recover.yml) does.
+      - "Elastic restarts the ranks from the entry point's start (restart is not resume): the job must load its own
+        checkpoint, and a ZeRO checkpoint of another world size needs the conversion C(playbooks/recover.yml) does."
     type: int
     default: 0
   max_restarts:

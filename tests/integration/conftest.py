@@ -26,6 +26,17 @@ _RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\
                     r"\s+skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 
 
+def wait_until(pred, timeout, step=1.0):
+    """pred()'s first true value within timeout seconds (polled every step s), else its last answer."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
 def parse_recap(output: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP lines → {host: {ok, changed, unreachable, failed, skipped, rescued, ignored}}."""
     keys = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")

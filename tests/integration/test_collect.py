@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import wait_until
 
 
 LAUNCH = "tests/integration/playbooks/launch.yml"
@@ -29,15 +30,6 @@ def steps(cluster, node) -> int:
     out = cluster.exec(node, ["sh", "-c", f"cat {RW}/progress/rank_*.json 2>/dev/null"], check=False).stdout
     found = [int(m) for m in re.findall(r'"step": (\d+)', out)]
     return min(found) if found else 0
-
-
-def wait_until(pred, timeout, step=2.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 def launch(cluster, *args):
@@ -62,7 +54,7 @@ def job(cluster):
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
     assert r.returncode == 0, r.stdout[-3000:]
     bad = cluster.nodes[1]
-    assert wait_until(lambda: all(steps(cluster, n) >= 3 for n in cluster.nodes), 900), "no progress files"
+    assert wait_until(lambda: all(steps(cluster, n) >= 3 for n in cluster.nodes), 900, step=2.0), "no progress files"
     cluster.exec(bad, ["sh", "-c", f"mkdir -p /etc/trainyard-standin && printf 'xid=79@0\\necc=2@3\\nremap=pending@3\\n'"
                                    f" > {FAULT}"])
     try:

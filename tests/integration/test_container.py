@@ -393,3 +393,6 @@ def test_install_path_on_a_pre_imaged_node_changes_nothing(converged, tmp_path):
     assert recap[node]["changed"] == 0, recap[node]
     assert records[node]["container.engine"]["status"] == "pass"
     assert inspect(cluster, node)["Id"] == before
+    # The engine is asked once a run: engine.yml takes install.yml's answer (nothing started or restarted it).
+    probe = r.stdout.split("Probe the docker engine]", 1)[1].split("TASK [", 1)[0]
+    assert f"skipping: [{node}]" in probe, probe

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 
 import pytest
 
-from conftest import parse_recap
+from conftest import parse_recap, wait_until
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
@@ -27,16 +26,6 @@ ARGV = ["--steps", "5000", "--save-every", "5", "--sleep", "0.3", "--output-root
 # communication errors).
 COMM_ERROR = re.compile(r"connection (reset|closed|refused)|pair\.cc|timed out", re.I)
 EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "launch_wait_timeout": 600})]
-
-
-def wait_until(pred, timeout, step=1.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def play(cluster, *args):

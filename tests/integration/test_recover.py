@@ -10,12 +10,11 @@ import hashlib
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import parse_recap
+from conftest import parse_recap, wait_until
 
 LAUNCH = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"
@@ -28,16 +27,6 @@ ARGV = ["--steps", "5000", "--save-every", "5", "--sleep", "0.3", "--output-root
 OPTIONS = {"--steps": 5000, "--save-every": 5, "--sleep": 0.3, "--output-root": OUT, "--shard-checkpoint": True,
            "--shard-copies": 2}
 EXTRA = ["-e", json.dumps({"launch_example_argv": ARGV, "train_args_options": OPTIONS, "launch_wait_timeout": 600})]
-
-
-def wait_until(pred, timeout, step=1.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def log_of(cluster, node) -> str:

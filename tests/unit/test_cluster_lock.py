@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from conftest import adhoc
 
 HERE = "ctl1"
 BOOT = "b00t"
+NS = "pid:[4026531836]"
 
 
 def record(token="t1", host=HERE, pid=4242, ticks=100, **kw):
-    r = {"version": 1, "token": token, "user": "alice", "host": host, "boot_id": BOOT, "pid": pid,
+    r = {"version": 1, "token": token, "user": "alice", "host": host, "boot_id": BOOT, "pid_ns": NS, "pid": pid,
          "pid_ticks": ticks, "playbooks": ["site.yml"], "tags": ["all"], "skip_tags": []}
     r.update(kw)
     return r
@@ -41,8 +45,8 @@ def test_run_token_is_one_per_process_run():
 
 
 def test_owner_record_names_who_and_what():
-    r = lk.owner_record("bob", HERE, BOOT, 77, 900, ["site.yml"], ["launch"], ["nccl_check"])
-    assert r["token"] == lk.run_token(HERE, BOOT, 77, 900)
+    r = lk.owner_record("bob", HERE, BOOT, 77, 900, ["site.yml"], ["launch"], ["nccl_check"], NS)
+    assert r["token"] == lk.run_token(HERE, BOOT, 77, 900) and r["pid_ns"] == NS
     assert (r["user"], r["host"], r["pid"], r["pid_ticks"]) == ("bob", HERE, 77, 900)
     assert (r["playbooks"], r["tags"], r["skip_tags"]) == (["site.yml"], ["launch"], ["nccl_check"])
     assert lk.owner_record("bob", HERE, BOOT, 77, 900, [], None, None)["tags"] == ["all"]
@@ -65,6 +69,26 @@ def test_proc_liveness_uses_the_start_time(tmp_path):
     p.wait()
     assert lk.pid_alive(p.pid, None) is False
     assert lk.boot_id() and lk.boot_id(str(tmp_path)) == ""
+    assert lk.pid_namespace().startswith("pid:[") and lk.pid_namespace(str(tmp_path)) == ""
+
+
+def test_a_killed_process_is_dead_before_it_is_reaped():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    ticks = lk.proc_start_ticks(p.pid)
+    try:
+        assert lk.pid_alive(p.pid, ticks) is True
+        os.kill(p.pid, signal.SIGKILL)
+        wait_for_zombie(p.pid)
+        assert lk.pid_alive(p.pid, ticks) is False  # a zombie: killed, its parent has not reaped it yet
+    finally:
+        p.kill()
+        p.wait()
+    assert lk.pid_alive(p.pid, ticks) is False
+
+
+def wait_for_zombie(pid):
+    while (pg.read_stat(pid) or pg.ProcStat(pid, "", "X", 0, 0, 0, 0)).state not in ("Z", "X"):
+        os.sched_yield()
 
 
 # ------------------------------------------------------------------ staleness
@@ -73,20 +97,56 @@ def alive(state):
     return lambda pid, ticks: state
 
 
-@pytest.mark.parametrize("holder, hb, proc, stale, words", [
-    (record(), 9999, True, False, "runs on this controller"),            # same host, process runs: live
-    (record(), 1, False, True, "process 4242 no longer runs on ctl1"),    # same host, process gone: stale
-    (record(boot_id="old"), 1, True, True, "restarted"),                 # same host, rebooted since
-    (record(), 10, None, False, "heartbeat is 10 s old"),               # same host, /proc unknowable
-    (record(), 400, None, True, "no heartbeat for"),
-    (record(host="ctl2"), 299, False, False, "heartbeat"),               # other host: the heartbeat decides
-    (record(host="ctl2"), 301, True, True, "no heartbeat for 5 min"),
-    ({}, 10, True, False, "unreadable"),                                  # unreadable record, recent
-    ({}, 301, True, True, "unreadable"),
+@pytest.mark.parametrize("holder, hb, proc, verdict, words", [
+    (record(), 9999, True, lk.LIVE, "runs on this controller"),          # same host, process runs: live
+    (record(), 1, False, lk.GONE, "process 4242 no longer runs on ctl1"),  # same host, process gone: take over
+    (record(boot_id="old"), 1, False, lk.STALE, "restarted"),            # same host, rebooted since: break only
+    (record(boot_id=""), 1, False, lk.LIVE, "heartbeat is 1 s old"),     # no boot id: not provable
+    (record(pid_ns="pid:[1]"), 1, False, lk.LIVE, "heartbeat"),          # another PID namespace of this host
+    (record(pid_ns="pid:[1]"), 301, False, lk.STALE, "no heartbeat"),
+    (record(pid_ns=None), 1, False, lk.LIVE, "heartbeat"),               # a record without namespace
+    (record(), 10, None, lk.LIVE, "heartbeat is 10 s old"),              # same host, /proc unknowable
+    (record(), 400, None, lk.STALE, "no heartbeat for"),
+    (record(host="ctl2"), 299, False, lk.LIVE, "heartbeat"),             # other host: the heartbeat decides
+    (record(host="ctl2"), 301, True, lk.STALE, "no heartbeat for 5 min"),
+    ({}, 10, True, lk.LIVE, "unreadable"),                                # unreadable record, recent
+    ({}, 301, True, lk.STALE, "unreadable"),
 ])
-def test_judge(holder, hb, proc, stale, words):
-    got, reason = lk.judge(holder, hb, 300, HERE, BOOT, alive=alive(proc))
-    assert got is stale and words in reason, reason
+def test_judge(holder, hb, proc, verdict, words):
+    got, reason = lk.judge(holder, hb, 300, HERE, BOOT, alive=alive(proc), here_ns=NS)
+    assert got == verdict and words in reason, reason
+
+
+def test_a_killed_holder_is_taken_over_and_a_live_one_is_not(tmp_path):
+    """A real lock file held by a real process of this machine: while it runs it blocks; once killed (a zombie
+    still, then reaped) its lock is taken over, and the message names it."""
+    d = str(tmp_path / "locks")
+    here, boot, ns = socket.gethostname(), lk.boot_id(), lk.pid_namespace()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        old = lk.owner_record("alice", here, boot, p.pid, lk.proc_start_ticks(p.pid), ["site.yml"], pid_ns=ns)
+        assert lk.acquire(d, old)["created"]
+        me = lk.owner_record("bob", here, boot, os.getpid(), lk.proc_start_ticks(os.getpid()), ["reset.yml"],
+                             pid_ns=ns)
+        found = lk.acquire(d, me)
+        verdict, reason = lk.judge(found["holder"], found["heartbeat_age_s"], 300, here, boot)
+        assert (verdict, reason) == (lk.LIVE, "its ansible-playbook process runs on this controller")
+        os.kill(p.pid, signal.SIGKILL)
+        wait_for_zombie(p.pid)
+        found = lk.acquire(d, me)
+        verdict, reason = lk.judge(found["holder"], found["heartbeat_age_s"], 300, here, boot)
+        assert verdict == lk.GONE and f"process {p.pid} no longer runs on {here}" in reason
+        took = lk.acquire(d, me, break_token=found["holder"]["token"])
+        assert took["acquired"] and took["broken"]["pid"] == p.pid and lk.read(d)[0]["token"] == me["token"]
+        msg = lk.takeover_message("node1", took["broken"], found["age_s"], reason)
+        assert "\n" not in msg and msg.startswith(f"node1: took over the cluster lock of alice@{here} "
+                                                  f"(ansible-playbook PID {p.pid}) running site.yml since ")
+    finally:
+        p.kill()
+        p.wait()
+    # Reaped, and a process with another start time under the PID: still dead to the lock.
+    reused = dict(old, pid=os.getpid(), token="reused")
+    assert lk.judge(reused, 0, 300, here, boot)[0] == lk.GONE
 
 
 def test_held_message_is_one_line_with_holder_and_fix():

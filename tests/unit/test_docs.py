@@ -213,3 +213,24 @@ def test_every_check_id_is_in_one_role_readme_naming_the_file_that_has_it():
         if check not in ids:
             problems.append(f"{where[0][0]} lists {check}, which nothing records")
     assert not problems, "\n".join(problems)
+
+
+def test_every_module_and_action_documents_itself_as_ansible_reads_it():
+    """DOCUMENTATION, EXAMPLES and RETURN of every module and action plugin parse as ansible-doc reads them, with
+    the collection's fragments merged, and the documented options cover the module's argument_spec."""
+    import ast
+
+    from ansible.plugins.loader import fragment_loader
+    from ansible.utils.plugin_docs import get_docstring
+
+    for path in sorted([*REPO.glob("library/*.py"), *REPO.glob("action_plugins/*.py")]):
+        doc, examples, returns, _meta = get_docstring(str(path), fragment_loader, is_module=True)
+        assert doc and doc.get("options") is not None, f"{path.name}: DOCUMENTATION does not parse"
+        assert examples and returns is not None, f"{path.name}: EXAMPLES or RETURN missing"
+        if path.parent.name != "library":
+            continue
+        spec = next(kw.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                    for kw in node.keywords if kw.arg == "argument_spec")
+        names = {k.value for k in getattr(spec, "keys", []) if isinstance(k, ast.Constant)}
+        names |= {kw.arg for kw in getattr(spec, "keywords", []) if kw.arg}
+        assert names <= set(doc["options"]), f"{path.name}: undocumented options {sorted(names - set(doc['options']))}"

@@ -3,7 +3,7 @@
 import pytest
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
-from conftest import load
+from conftest import adhoc, load
 
 render = load("filter_plugins/render.py")
 
@@ -158,3 +158,15 @@ def test_dict_diff_paths():
 def test_lora_gather_rule(zero, ft, overrides, status, variable):
     r = render.ds_lora_gather({"zero_optimization": zero}, overrides, ft)
     assert r["status"] == status and r["variable"] == variable
+
+
+def test_the_action_runs_on_the_controller_and_answers_without_a_change():
+    """nccl_env_validate through the real `ansible` (plugin_utils/bases.py's ControllerAction): the verdict comes
+    back as the task's result, never a change; a wrong argument type is one line naming the variable."""
+    sections = [{"title": "t", "vars": {"NCCL_DEBUG": "WARN"}}]
+    r = adhoc("nccl_env_validate", {"sections": sections, "extra": {"NCCL_DEBGU": "INFO"}, "allow_unknown": "MYLAB_*"})
+    assert r["changed"] is False and r["ok"] is False and "NCCL_DEBUG" in r["errors"][0], r
+    r = adhoc("nccl_env_validate", {"sections": sections, "extra": {"MYLAB_X": "1"}, "allow_unknown": "MYLAB_*"})
+    assert r["changed"] is False and r["ok"] is True and r["env"] == {"NCCL_DEBUG": "WARN", "MYLAB_X": "1"}, r
+    r = adhoc("nccl_env_validate", {"sections": sections, "extra": ["NCCL_DEBUG=INFO"]})
+    assert r.get("failed") and r["msg"] == "nccl_env_extra (NAME: value) must be a dict, not list", r

@@ -6,8 +6,9 @@ without the disk cost. ``scale`` multiplies the sizes (a 100x run of the fixture
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "hf-trainer-peft-lora-zero3-2ranks.txt"
@@ -94,11 +95,5 @@ def build_fixture_tree(root: Path, listing=None) -> Path:
 
 
 def tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                pass
-    return total
+    """Bytes of the files below root, as reset counts them."""
+    return ck.tree_bytes(str(root))

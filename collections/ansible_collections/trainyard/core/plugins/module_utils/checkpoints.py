@@ -358,6 +358,18 @@ def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
         os.close(fd)
 
 
+def tree_bytes(path: str) -> int:
+    """Bytes of the files below path (links counted as links, never followed; what vanishes is not counted)."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for n in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def _groups(ckpts: list[Checkpoint]) -> dict[str, list[Checkpoint]]:
     out: dict[str, list[Checkpoint]] = {}
     for c in ckpts:

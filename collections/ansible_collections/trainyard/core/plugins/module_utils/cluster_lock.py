@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The cluster lock: one changing operation at a time per cluster (stdlib only).
+"""The cluster lock: one changing operation at a time per cluster (stdlib and procgroup only).
 
 Every playbook that changes the nodes or the job (site, reset, the NCCL check, ...) takes the lock on every
 node, head first, before it touches anything, and gives it back at its end. The lock of a node is one file,
@@ -15,10 +15,10 @@ O_EXCL | O_NOFOLLOW``) and ``link()``-ed to the lock's name, which fails with ``
 has it. Its modification time is the heartbeat: while the run lives, a refresher on the controller touches it
 every few seconds, and the node itself measures its age (no clock skew between controller and node enters).
 
-Whether a lock found held is stale is decided on the controller (``judge``): when the holder ran on this
-controller host (same host name and boot id), its process is looked up directly; otherwise a heartbeat older
-than ``cluster_lock_stale_s`` means the holder is gone. A stale lock is reported, and broken only on request
-(``cluster_lock_break``). ``held_message`` is the one line a waiting run stops with.
+What a lock found held means is decided on the controller (``judge``): a holder of this controller, boot and PID
+namespace whose process is gone, a zombie or a reused PID is provably dead and taken over; one whose heartbeat is
+older than ``cluster_lock_stale_s`` may be alive: reported, broken only on request (``cluster_lock_break``).
+``held_message`` is the one line a run stops with.
 
 The node-side functions (``acquire``, ``release``, ``heartbeat``, ``read``) are used by
 ``library/cluster_lock.py``; the rest by ``action_plugins/cluster_lock.py`` and the release callback.
@@ -32,6 +32,8 @@ import json
 import os
 import stat
 import time
+
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 VERSION = 1
 LOCK_NAME = "cluster.lock"
@@ -61,17 +63,7 @@ class LockError(Exception):
 
 def proc_start_ticks(pid, proc=PROC):
     """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
-    try:
-        with open(os.path.join(proc, str(int(pid)), "stat")) as f:
-            text = f.read()
-    except (OSError, ValueError):
-        return None
-    rpar = text.rfind(")")
-    fields = text[rpar + 2:].split() if rpar >= 0 else []
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return pg.start_ticks(pid, proc)
 
 
 def boot_id(proc=PROC):
@@ -84,7 +76,8 @@ def boot_id(proc=PROC):
 
 
 def pid_alive(pid, ticks, proc=PROC):
-    """True while PID runs and (when ticks is known) started at ticks; False when gone; None when unknowable."""
+    """True while PID runs and (when ticks is known) started at ticks; False when gone, a zombie (killed, not yet
+    reaped by its parent) or another process (a reused PID); None when unknowable."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -93,12 +86,23 @@ def pid_alive(pid, ticks, proc=PROC):
         pass
     except (OSError, ValueError, TypeError):
         return None
+    st = pg.read_stat(pid, proc)
+    if st is not None and st.state in ("Z", "X"):
+        return False
     if ticks is None:
         return True
-    now = proc_start_ticks(pid, proc)
-    if now is None:
+    if st is None:
         return None if not os.path.isdir(proc) else False
-    return now == int(ticks)
+    return st.start_ticks == int(ticks)
+
+
+def pid_namespace(proc=PROC):
+    """This process's PID namespace ('pid:[4026531836]'; '' where /proc does not say): PIDs are looked up only
+    in the namespace that recorded them (two containers of one host share its boot id, not their PIDs)."""
+    try:
+        return os.readlink(os.path.join(proc, "self", "ns", "pid"))
+    except OSError:
+        return ""
 
 
 def playbooks_from_argv(argv):
@@ -125,7 +129,7 @@ def run_token(host, boot, pid, ticks):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def owner_record(user, host, boot, pid, ticks, playbooks, tags=None, skip_tags=None):
+def owner_record(user, host, boot, pid, ticks, playbooks, tags=None, skip_tags=None, pid_ns=""):
     """The lock record of this run (what the node stores; the node adds acquired_at)."""
     return {
         "version": VERSION,
@@ -133,6 +137,7 @@ def owner_record(user, host, boot, pid, ticks, playbooks, tags=None, skip_tags=N
         "user": str(user or "?"),
         "host": str(host or "?"),
         "boot_id": str(boot or ""),
+        "pid_ns": str(pid_ns or ""),
         "pid": int(pid),
         "pid_ticks": ticks,
         "playbooks": [str(p) for p in (playbooks or [])],
@@ -173,29 +178,42 @@ def describe(holder, age_s=None):
         holder.get("user", "?"), holder.get("host", "?"), holder.get("pid", "?"), what, since)
 
 
-def judge(holder, heartbeat_age_s, stale_s, here_host, here_boot, alive=pid_alive):
-    """(stale, reason) for a lock found held by another run.
+# What a lock held by another run is (judge): its holder runs, is provably dead, or is only probably gone.
+LIVE, GONE, STALE = "live", "gone", "stale"
 
-    A holder that ran on this controller host (same host name and boot id) is looked up directly: stale when its
-    process is gone, live while it runs, whatever the heartbeat says. Otherwise a heartbeat older than stale_s
-    means the holder is gone. A record nobody can read (not JSON, no token) is stale once its file is older
-    than stale_s (a holder may be between writing and linking it: never, the file appears complete, but a
-    disk may have been filled)."""
+
+def judge(holder, heartbeat_age_s, stale_s, here_host, here_boot, alive=pid_alive, here_ns=None):
+    """(LIVE | GONE | STALE, reason) for a lock found held by another run.
+
+    A holder of this controller, boot and PID namespace is looked up: GONE (provably dead, taken over) once its
+    process (PID and start time) no longer runs, LIVE while it does, whatever the heartbeat says. Any other
+    holder, or an unreadable record, may be alive: STALE (broken only on request) once its heartbeat is older
+    than stale_s, or at once when this controller restarted since (same host name, another boot id)."""
+    here_ns = pid_namespace() if here_ns is None else here_ns
     if not isinstance(holder, dict) or not holder.get("token"):
         if heartbeat_age_s is not None and heartbeat_age_s > stale_s:
-            return True, "the lock file is unreadable and %s old" % _dur(heartbeat_age_s)
-        return False, "the lock file is unreadable"
+            return STALE, "the lock file is unreadable and %s old" % _dur(heartbeat_age_s)
+        return LIVE, "the lock file is unreadable"
     if holder.get("host") == here_host:
-        if here_boot and holder.get("boot_id") and holder.get("boot_id") != here_boot:
-            return True, "controller %s has restarted since it took the lock" % here_host
-        state = alive(holder.get("pid"), holder.get("pid_ticks"))
-        if state is False:
-            return True, "its ansible-playbook process %s no longer runs on %s" % (holder.get("pid"), here_host)
-        if state is True:
-            return False, "its ansible-playbook process runs on this controller"
+        boot = holder.get("boot_id")
+        if here_boot and boot and boot != here_boot:
+            return STALE, "controller %s has restarted since it took the lock" % here_host
+        same_ns = bool(here_ns) and holder.get("pid_ns") == here_ns
+        if here_boot and boot == here_boot and same_ns:
+            state = alive(holder.get("pid"), holder.get("pid_ticks"))
+            if state is False:
+                return GONE, "its ansible-playbook process %s no longer runs on %s" % (holder.get("pid"), here_host)
+            if state is True:
+                return LIVE, "its ansible-playbook process runs on this controller"
     if heartbeat_age_s is not None and heartbeat_age_s > stale_s:
-        return True, "no heartbeat for %s (cluster_lock_stale_s is %s s)" % (_dur(heartbeat_age_s), stale_s)
-    return False, "its heartbeat is %s old" % _dur(heartbeat_age_s)
+        return STALE, "no heartbeat for %s (cluster_lock_stale_s is %s s)" % (_dur(heartbeat_age_s), stale_s)
+    return LIVE, "its heartbeat is %s old" % _dur(heartbeat_age_s)
+
+
+def takeover_message(node, holder, age_s, reason):
+    """The warning of a run that took over the lock of a provably dead holder."""
+    return ("%s: took over the cluster lock of %s: %s. Its job may be half started or half reset: check it "
+            "(playbooks/status.yml) or run reset.yml." % (node, describe(holder, age_s), reason))
 
 
 def held_message(node, path, holder, age_s, waited_s=None, stale_reason=None):

@@ -25,6 +25,8 @@ import datetime
 import re
 import xml.etree.ElementTree as ET
 
+from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import _text
+
 # ----------------------------------------------------------------------------------------- the Xid table
 # code -> (what it means, severity, fix). Severity: "fail" (the GPU or node needs action before the job runs
 # there again), "warn" (usually the application's own fault; a hardware fault only when it repeats on one GPU).
@@ -205,13 +207,8 @@ _NUM = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
 
 
 def _t(elem, path):
-    if elem is None:
-        return None
-    e = elem.find(path)
-    if e is None or e.text is None:
-        return None
-    v = e.text.strip()
-    return v if v not in ("", "N/A", "[N/A]", "Not Supported") else None
+    v = _text(elem, path)
+    return v if v not in ("N/A", "[N/A]", "Not Supported") else None
 
 
 def _n(elem, path):

@@ -74,7 +74,7 @@ def open_dir(path, dir_fd=None):
 
 
 def listdir_fd(fd):
-    """Sorted names in an open directory; [] when it cannot be listed or fd is None."""
+    """Sorted names in an open directory (or a path); [] when it cannot be listed or fd is None."""
     if fd is None:
         return []
     try:
@@ -89,12 +89,7 @@ def safe_listdir(path):
         st = os.lstat(path)
     except OSError:
         return []
-    if not stat.S_ISDIR(st.st_mode):
-        return []
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
+    return listdir_fd(path) if stat.S_ISDIR(st.st_mode) else []
 
 
 class JobTree(object):

@@ -132,8 +132,9 @@ def redact(value: Any, name: str = "") -> Any:
     return value
 
 
-def _plain(value: Any) -> Any:
-    """Strip Ansible's tagged types so reprs are readable."""
+def _plain(value: Any, json_safe: bool = False) -> Any:
+    """Strip Ansible's tagged types so reprs are readable; json_safe: keys and any other object as text (the
+    report's JSON), None kept."""
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -143,10 +144,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
+        return {(str(k) if json_safe else _plain(k)): _plain(v, json_safe) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return [_plain(v, json_safe) for v in value]
+    return str(value) if json_safe and value is not None else value
 
 
 def merge(problems: Iterable[Problem]) -> list[Problem]:

@@ -1,0 +1,52 @@
+# -*- coding: utf-8 -*-
+"""Base classes of the project's controller plugins: ``ControllerAction`` for the actions that run on the
+controller only (no connection, no files; the task's arguments in, one pure function, its answer out as the
+result, never a change), ``AlwaysLoadedCallback`` for the callbacks loaded without being enabled."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.plugins.callback import CallbackBase
+
+
+class ControllerAction(ActionBase):
+    """Subclasses write decide(args, task_vars): the result's keys (failed and msg when it fails), or
+    AnsibleActionFail for bad arguments."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def decide(self, args, task_vars):
+        raise NotImplementedError
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        result["changed"] = False
+        result.update(self.decide(self._task.args, task_vars or {}))
+        return result
+
+
+def str_list(value):
+    """An argument given as one string or a list of them, as a list ([] for none)."""
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def need_dict(value, what):
+    """value when it is a dict, else AnsibleActionFail naming what it must be and what it is (the YAML type, not
+    Ansible's tagged class)."""
+    if not isinstance(value, dict):
+        kind = next((name for typ, name in ((bool, "bool"), (str, "str"), (int, "int"), (float, "float"),
+                                            (list, "list")) if isinstance(value, typ)), type(value).__name__)
+        raise AnsibleActionFail(f"{what} must be a dict, not {kind}")
+    return value
+
+
+class AlwaysLoadedCallback(CallbackBase):
+    """A callback (callback_plugins/) loaded without being enabled, printing nothing; subclasses set CALLBACK_NAME."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NEEDS_ENABLED = False
