@@ -420,30 +420,38 @@ def latest_complete_checkpoint(root: str, markers=DEFAULT_MARKERS, max_depth: in
 DEEPSPEED_TAG_RE = re.compile(r"global_step\d+")
 
 
-def write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644, owner_of_dir: bool = True) -> None:
+def write_file_at(dir_fd: int, name: str, data, mode: int = 0o644, owner_of_dir: bool = True,
+                  owner: tuple[int, int] | None = None) -> None:
     """Atomically put ``name`` in the directory dir_fd holds: a fresh temporary file (O_CREAT|O_EXCL|O_NOFOLLOW,
-    so a planted file or symlink is never written through), then renameat over ``name`` (a symlink there is
-    replaced, not followed). With owner_of_dir the file gets the directory's owner, so the job can rewrite it."""
+    mode 0600 while it is written, so a planted file or symlink is never written through), then renameat over
+    ``name`` (a symlink there is replaced, not followed). ``data`` is bytes or a binary file object (copied in
+    chunks). The file gets ``owner`` (uid, gid), else with owner_of_dir the directory's owner (so the job can
+    rewrite it), as root only."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = ".%s.trainyard-%s" % (name, os.urandom(6).hex())
         try:
-            fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
             break
         except FileExistsError:
             continue
     else:
         raise OSError(errno.EEXIST, "no free temporary name", name)
     try:
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-            if owner_of_dir and os.geteuid() == 0:
-                d = os.fstat(dir_fd)
-                os.fchown(fd, d.st_uid, d.st_gid)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(data, (bytes, bytearray)):
+                out.write(data)
+            else:
+                for chunk in iter(lambda: data.read(1 << 20), b""):
+                    out.write(chunk)
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            if os.geteuid() == 0 and (owner is not None or owner_of_dir):
+                if owner is None:
+                    d = os.fstat(dir_fd)
+                    owner = (d.st_uid, d.st_gid)
+                os.fchown(out.fileno(), *owner)
+            os.fsync(out.fileno())
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:

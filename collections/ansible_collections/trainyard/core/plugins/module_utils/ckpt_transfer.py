@@ -22,6 +22,8 @@ import stat
 import tarfile
 import tempfile
 
+from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import write_file_at
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _CHUNK = 1 << 20
@@ -182,28 +184,6 @@ def _same(dir_fd, name, member, tar):
         return a.digest() == b.digest()
 
 
-def _write_at(dir_fd, name, src, mode, owner):
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    tmp = ".%s.trainyard-%s" % (name, os.urandom(6).hex())
-    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in iter(lambda: src.read(_CHUNK), b""):
-                out.write(chunk)
-            os.fchmod(out.fileno(), mode)
-            if owner is not None and os.geteuid() == 0:
-                os.fchown(out.fileno(), *owner)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
-
-
 def unpack(archive, parent, name, check_mode=False):
     """Write the regular files of a tar made by pack into parent/name (created when missing), each file owned by
     the checkpoint directory's owner. Returns {written: [paths], unchanged: [paths]}."""
@@ -247,7 +227,8 @@ def unpack(archive, parent, name, check_mode=False):
                         continue
                     written.append(m.name)
                     if not check_mode:
-                        _write_at(dfd, parts[-1], tar.extractfile(m), stat.S_IMODE(m.mode) or 0o644, owner)
+                        write_file_at(dfd, parts[-1], tar.extractfile(m), stat.S_IMODE(m.mode) or 0o644,
+                                      owner_of_dir=False, owner=owner)
                 finally:
                     os.close(dfd)
         finally:
