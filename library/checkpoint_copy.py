@@ -15,7 +15,7 @@ description:
     copy with a one-line error naming it, and nothing is read or written through it.
   - C(state=packed) writes the named I(files) and every regular file under I(trees) into C(ckpt.tar) in a fresh
     private directory (mode 0700) and returns its path; the controller fetches it.
-  - C(state=unpacked) writes the regular files of I(archive) into I(output_root)/I(name) (created when missing):
+  - C(state=unpacked) writes the regular files of I(archive) into I(output_root)/I(name) (created when missing),
     each into a fresh temporary file, then renamed over its name, owned by the checkpoint directory's owner. A tar
     member that is a link, absolute or with C(..) stops it.
 options:

@@ -50,7 +50,7 @@ step:
 shards:
   description: C(format) (deepspeed, example or ""), C(ranks), C(world_size) (when recorded), C(tag), C(files)
     (rank to paths relative to the checkpoint), C(complete), C(universal) (already converted), C(weights)
-    (C(adapter), C(model), C(optimizer): whether it holds the adapter, the model weights, a C(optimizer.pt)).
+    (C(adapter), C(model), C(optimizer), whether it holds the adapter, the model weights, a C(optimizer.pt)).
   returned: always
   type: dict
 """
