@@ -36,7 +36,11 @@ def test_vaulted_secret_reaches_every_node_and_nothing_else(cluster, tmp_path):
         assert SECRET not in controller
         for node in cluster.nodes:
             state = json.loads(cluster.exec(node, ["cat", f"{STATE}/launch.json"]).stdout)
-            environ = cluster.exec(node, ["cat", f"/proc/{state['pid']}/environ"]).stdout.split("\0")
+            read = cluster.exec(node, ["cat", f"/proc/{state['pid']}/environ"], check=False)
+            # A launcher gone this soon is a job that ended: its log says why (the launch's output is above it).
+            assert read.returncode == 0, (node, cluster.exec(node, ["tail", "-n", "40", f"{STATE}/job-rw/torchrun.log"],
+                                                             check=False).stdout, r.stdout[-3000:])
+            environ = read.stdout.split("\0")
             assert f"HF_TOKEN={SECRET}" in environ, node  # the job's launcher (and torchrun below it) has it
             found = cluster.exec(node, ["grep", "-rl", SECRET, STATE], check=False)
             assert found.returncode == 1 and found.stdout == "", (node, found.stdout)
