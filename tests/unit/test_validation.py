@@ -311,6 +311,18 @@ def run_as_plugin(hostvars: dict) -> list[str]:
     ({"cluster_state_dir": "/srv/st\tx"}, "janitor_dir holds a control character"),
     ({"launch_sidecars_extra": [{"name": "mon"}]}, "a sidecar of launch_sidecars_extra has no name or no argv list"),
     ({"launch_sidecars_extra": [{"name": "", "argv": ["x"]}]}, "has no name or no argv list"),
+    ({"container_image": "  "}, "container_image is not an image reference"),
+    ({"container_image": "repo/train:1 --privileged"}, "container_image is not an image reference"),
+    ({"container_shm_size": "lots"}, "container_shm_size is not a size"),
+    ({"container_shm_size": "0"}, "container_shm_size is not a size"),
+    ({"container_registry_password": "s3cret"}, "container_registry_password is set but container_registry_user"),
+    ({"container_mounts_extra": [{"source": "data"}]}, "container_mounts_extra[0] is malformed"),
+    ({"container_mounts_extra": [{"source": "/d", "target": "rel"}]}, "container_mounts_extra[0] is malformed"),
+    ({"container_mounts_extra": [{"source": "/d", "ro": True}]}, "container_mounts_extra[0] is malformed"),
+    ({"container_mounts_extra": [{"source": "/d", "read_only": "yes please"}]}, "is malformed"),
+    ({"container_mounts_extra": [{"source": "/data", "target": "/srv/trainyard/code/"}]},  # the code mount
+     "mount /srv/trainyard/code more than once"),
+    ({"container_mounts": [{"source": "/a", "target": "/x"}, {"source": "/b", "target": "/x"}]}, "mount /x more"),
 ])
 def test_role_rules_stop_on_the_controller(variables, expect):
     problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}})
@@ -335,9 +347,26 @@ def test_role_rules_stop_on_the_controller(variables, expect):
     {"janitor_enabled": False, "janitor_interval": 0},
     {"janitor_completion": "marker_or_superseded", "janitor_user": "ckpt_janitor"},
     {"launch_sidecars_extra": [{"name": "mon", "argv": ["/usr/bin/true"]}]},
+    {"container_image": "registry.example.com/team/train@sha256:" + "a" * 64, "container_shm_size": "512m",
+     "container_registry_username": "u", "container_registry_password": "p",
+     "container_mounts_extra": [{"source": "/data", "target": "/mnt/data", "read_only": True, "create": False}]},
+    {"container_enabled": False, "launch_runtime": "host", "container_image": "", "container_shm_size": "lots"},
 ])
 def test_role_rules_pass_good_values(variables):
     assert run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}}) == []
+
+
+def test_every_node_runs_the_same_image_named_once_for_all():
+    hv = three(container_image="reg/train:1")
+    hv["n3"]["container_image"] = "reg/train:2"
+    (line,) = run(hv)
+    assert line.startswith("Stop if container_image differs between nodes (reg/train:1 on n1, n2; reg/train:2 on n3)")
+    assert "set container_image once in group_vars" in line
+
+
+def test_a_registry_password_never_reaches_the_message():
+    (line,) = run(three(container_registry_password="hunter2-secret"))
+    assert "hunter2-secret" not in line
 
 
 def test_llamafactory_overrides_are_key_value():

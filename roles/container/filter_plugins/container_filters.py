@@ -11,26 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
-
-
-_RAISE = object()
-
-
-def size_bytes(value, invalid=_RAISE) -> int:
-    """'16g' / '512m' / '1GiB' / 1073741824 -> bytes (docker's binary units).
-
-    A value that is not a size raises ValueError, or returns `invalid` when one is given.
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    m = None if isinstance(value, bool) else _SIZE.match(str(value))
-    if not m:
-        if invalid is not _RAISE:
-            return invalid
-        raise ValueError(f"not a size: {value!r} (use e.g. 16g, 512m)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import size_bytes
 
 
 def human_bytes(n) -> str:
@@ -277,8 +258,6 @@ def gpu_device_nodes(paths: list) -> list:
     The GPUs (/dev/nvidia0..N), the control devices (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
     /dev/nvidia-modeset); /dev/nvidia-caps (MIG capabilities) only when present and asked for by the caller.
     """
-    import re
-
     keep = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset)$")
     return [f"{p}:{p}:rwm" for p in sorted(set(paths or []), key=lambda x: (len(x), x)) if keep.match(p)]
 

@@ -286,18 +286,24 @@ def has_marker(ckpt_dir: str, markers=DEFAULT_MARKERS) -> bool:
         os.close(fd)
 
 
-def _open_rel(root_fd: int, rel: str) -> int:
-    """A new descriptor of directory rel under root_fd, opened component by component, refusing any symlink."""
+def walk_dirs(root_fd: int, parts, open_one=None) -> int:
+    """A new descriptor of directory root_fd/parts..., each component opened by open_one(dir_fd, name, index)
+    (default: O_DIRECTORY|O_NOFOLLOW, so any symlink on the way is refused)."""
     fd = os.dup(root_fd)
     try:
-        for comp in [c for c in rel.split(os.sep) if c]:
-            nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+        for i, comp in enumerate(parts):
+            nfd = open_one(fd, comp, i) if open_one else os.open(comp, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nfd
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _open_rel(root_fd: int, rel: str) -> int:
+    """A new descriptor of directory rel under root_fd, opened component by component, refusing any symlink."""
+    return walk_dirs(root_fd, [c for c in rel.split(os.sep) if c])
 
 
 def _scandir_rel(root_fd: int, rel: str, want_stat: bool = False):

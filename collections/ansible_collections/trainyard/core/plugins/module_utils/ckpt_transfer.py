@@ -22,7 +22,7 @@ import stat
 import tarfile
 import tempfile
 
-from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import write_file_at
+from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import walk_dirs, write_file_at
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -80,17 +80,10 @@ def open_checkpoint(parent, name, create=False):
 
 
 def _walk_dirs(root_fd, parts, where, create=False):
-    """A descriptor of the directory root_fd/parts..., each component opened without following a link."""
-    fd = os.dup(root_fd)
-    try:
-        for i, p in enumerate(parts):
-            nfd = _open_dir_at(fd, p, os.path.join(where, *parts[:i + 1]), create=create)
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """A descriptor of the directory root_fd/parts..., each component opened without following a link (and
+    created when asked), an error naming the component."""
+    return walk_dirs(root_fd, parts, lambda fd, p, i: _open_dir_at(
+        fd, p, os.path.join(where, *parts[:i + 1]), create=create))
 
 
 def _files_under(root_fd, rel, where):

@@ -558,6 +558,15 @@ def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: M
                                     "container_enabled", "container_enabled", False, [h], True))
         problems += _check_node_counts(h, len(hosts), t, specs)
         problems += check_role_rules(h, t, specs)
+    images: dict[str, list[str]] = {}
+    for h in hosts:
+        t = typed.get(h) or {}
+        if t.get("container_enabled") is not False and isinstance(t.get("container_image"), str):
+            images.setdefault(t["container_image"].strip(), []).append(h)
+    if len(images) > 1:
+        seen = "; ".join(f"{img or '(empty)'} on {', '.join(on[:MAX_HOSTS_NAMED])}" for img, on in images.items())
+        problems.append(Problem(f"container_image differs between nodes ({seen})", "every node runs the same "
+                                "image: set container_image once in group_vars, not per host", "", None, hosts))
     return problems
 
 
@@ -691,6 +700,10 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
                 stop(f"{var} holds a control character", f"give {var} (or the cluster_* path it defaults to) as a "
                      "plain absolute path", var, path, True)
 
+    # container (was tasks/assert.yml; the role checks nothing of it when it is off)
+    if v("container_enabled") is not False:
+        problems.extend(_container_rules(h, t, v))
+
     # launch (was tasks/preflight.yml): sidecars the inventory gives; the janitor's own is built by its role
     for var in ("launch_sidecars", "launch_sidecars_extra"):
         for item in t.get(var) if isinstance(t.get(var), list) else []:
@@ -698,6 +711,82 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
             if not (isinstance(item, Mapping) and str(item.get("name") or "") and isinstance(argv, list) and argv):
                 stop(f"a sidecar of {var} has no name or no argv list ({_show(redact(item))})",
                      "give each sidecar as {name: <name>, argv: [program, arg, ...]}")
+    return problems
+
+
+MOUNT_KEYS = frozenset({"source", "target", "read_only", "create"})
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
+
+
+def size_bytes(value: Any, invalid: Any = ValueError) -> int:
+    """'16g' / '512m' / '1GiB' / 1073741824 -> bytes (docker's binary units). A value that is not a size raises
+    ValueError, or returns `invalid` when one is given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = None if isinstance(value, bool) else _SIZE_RE.match(str(value))
+    if not m:
+        if invalid is not ValueError:
+            return invalid
+        raise ValueError(f"not a size: {value!r} (use e.g. 16g, 512m)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _resolve_cluster_refs(value: Any, v) -> Any:
+    """A spec default such as "{{ cluster_code_dir }}/x" with the host's value of each cluster_* it names, None
+    when it names anything else (it resolves on the node); any other value as it is."""
+    if not _templated(value):
+        return value
+    out = re.sub(r"\{\{\s*(cluster_\w+)\s*\}\}", lambda m: str(v(m.group(1))), value)
+    return None if _templated(out) or "None" in out.split("/") else out
+
+
+def _mount_ok(m: Any) -> bool:
+    def absolute(path: Any) -> bool:
+        return path is None or (isinstance(path, str) and path.startswith("/"))
+    return (isinstance(m, Mapping) and not set(m) - MOUNT_KEYS and "source" in m and absolute(m["source"])
+            and absolute(m.get("target")) and isinstance(m.get("read_only", False), bool)
+            and isinstance(m.get("create", True), bool))
+
+
+def _container_rules(h: str, t: Mapping, v) -> list[Problem]:
+    """The container role's option rules for one host: mounts well formed and mounted once, image named, shm size
+    a size, registry login complete. The same image on every node is _check_across_roles'."""
+    problems: list[Problem] = []
+
+    def stop(what: str, fix: str, var: str = "", value: Any = None, has_value: bool = False) -> None:
+        problems.append(Problem(what, fix, var, value, [h], has_value))
+
+    targets: list[str] = []
+    for var in MOUNT_VARS:
+        mounts = v(var)
+        for i, m in enumerate(mounts if isinstance(mounts, list) else []):
+            m = {k: _resolve_cluster_refs(x, v) for k, x in m.items()} if isinstance(m, Mapping) else m
+            if not _mount_ok(m):
+                if var not in t:                 # a default over a wrong cluster_* path: that path's own problem
+                    continue
+                stop(f"{var}[{i}] is malformed ({_show(redact(m))})", "give each entry as {source: /abs/path, "
+                     "target: /abs/path (default: source), read_only: bool, create: bool}")
+                continue
+            target = m.get("target") or m["source"]
+            if target is not None:
+                targets.append(normalise_path(target))
+    twice = sorted({x for x in targets if targets.count(x) > 1})
+    if twice:
+        stop(f"container_mounts and container_mounts_extra mount {', '.join(twice)} more than once",
+             "mount each path inside the container once (drop or retarget the extra entry)")
+    # An image left unset is the role's to name (a play without the container role needs none).
+    image = t.get("container_image")
+    if isinstance(image, str) and (not image.strip() or re.search(r"\s", image.strip())):
+        stop("container_image is not an image reference", "set it to the training image (e.g. "
+             "registry.example.com/team/train:2024-11 or repo@sha256:<digest>) in the cluster's group_vars/all.yml",
+             "container_image", image, True)
+    shm = v("container_shm_size")
+    if shm is not None and size_bytes(shm, -1) <= 0:
+        stop("container_shm_size is not a size", "use a size such as 16g or 512m", "container_shm_size", shm, True)
+    if v("container_registry_password") and not v("container_registry_username"):
+        stop("container_registry_password is set but container_registry_username is empty",
+             "set both (or neither, for a registry without login)")
     return problems
 
 
