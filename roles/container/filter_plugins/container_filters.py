@@ -14,14 +14,6 @@ from collections import Counter
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import size_bytes
 
 
-def human_bytes(n) -> str:
-    n = int(n)
-    for unit, div in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}".replace(".0 ", " ")
-    return f"{n} B"
-
-
 def image_repository(ref: str) -> str:
     """Repository part of an image reference: 'reg:5000/a/b:tag' -> 'reg:5000/a/b'; digests stripped too."""
     ref = (ref or "").strip()
@@ -121,6 +113,19 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
             "fix": f"This node pulled a different image for {image}: check its registry route (mirror, proxy, "
                    "DNS, /etc/hosts, NAT), remove the image there (docker image rm) and rerun with "
                    "container_pull_always=true; pin container_image to repo@sha256:<digest> to stop drift"}
+
+
+def digest_verdicts(hostvars, hosts: list, image: str, pinned: str = "", check_mode: bool = False) -> dict:
+    """digest_verdict for every host of the play at once, each with the identity that host resolved, from the
+    registered results of the container role (the pull's image, else the read of verify.yml)."""
+    fleet = []
+    for h in hosts:
+        hv = hostvars[h]
+        pull, info = hv.get("__container_pull") or {}, hv.get("__container_image_info") or {}
+        seen = pull.get("image") if (pull.get("image") and not check_mode) else next(iter(info.get("images") or []), None)
+        fleet.append(dict(image_identity(seen, image), host=h))
+    return {f["host"]: dict(digest_verdict(fleet, f["host"], image, pinned), id=f["id"], repo_digest=f["repo_digest"])
+            for f in fleet}
 
 
 def mount_target(mount: dict) -> str:
@@ -367,12 +372,8 @@ class FilterModule:
     def filters(self):
         return {
             "container_size_bytes": size_bytes,
-            "container_human_bytes": human_bytes,
-            "container_image_repository": image_repository,
+            "container_digest_verdicts": digest_verdicts,
             "container_image_registry": image_registry,
-            "container_image_identity": image_identity,
-            "container_digest_verdict": digest_verdict,
-            "container_mount_target": mount_target,
             "container_mounts_spec": mounts_spec,
             "container_ulimits_spec": ulimits_spec,
             "container_config_problems": config_problems,
@@ -380,5 +381,4 @@ class FilterModule:
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,
             "container_gpu_device_nodes": gpu_device_nodes,
-            "container_gpu_visible_verdict": gpu_visible_verdict,
         }
