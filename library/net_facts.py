@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""One batched network probe of a node: interfaces, MTUs, addresses, the route to the head, the data
-interface choice and the network configuration system that would persist its MTU."""
+"""One network round trip of a node: interfaces, MTUs, addresses, the route to the head, the data interface
+choice, and the data interface MTU set and persisted where it differs."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: net_facts
-short_description: Probe a node's interfaces, the route to the head and choose the data interface
+short_description: Probe a node's network, choose the data interface, set and persist its MTU
 description:
   - Runs C(ip -j -d addr show) and C(ip -j route get <target>) once and returns every interface (MTU, state,
     kind, addresses), the route to the head's data address and the chosen data interface.
@@ -18,8 +18,12 @@ description:
     interface whose route reaches I(target); on the head (I(is_head), or when I(target) is local) the
     interface that holds I(target). The node's own data address I(address) must sit on it.
   - Also finds which network configuration system manages the chosen interface (netplan, NetworkManager,
-    systemd-networkd, ifupdown), so the role can persist its MTU there.
-  - Read-only; never changes anything.
+    systemd-networkd, ifupdown).
+  - With I(mtu) above 0, sets the chosen interface to I(mtu) where it differs (C(ip link set)) and, with
+    I(persist), writes it where that system keeps it (a netplan override, a systemd-networkd drop-in, the
+    ifupdown stanza, the NetworkManager connection) only when the file or setting differs. The interface
+    that carries I(mgmt_address) (Ansible's own connection) is never changed.
+  - Sets the facts C(network_iface), C(network_address) and C(_network_mtu) (the MTU after any change).
 options:
   target:
     description: The head's data address (or the rendezvous address); a name is resolved to IPv4 first.
@@ -37,6 +41,22 @@ options:
     description: This node is the head (rank 0); the interface holding I(target) is the data interface.
     type: bool
     default: false
+  mtu:
+    description: MTU the data interface must have; 0 sets and persists nothing (verify only, or measure).
+    type: int
+    default: 0
+  persist:
+    description: With I(mtu), also persist it with the interface's network configuration system.
+    type: bool
+    default: false
+  mgmt_address:
+    description: The address Ansible connects to (ansible_host); the interface holding it is never changed.
+    type: str
+    default: ""
+  refuse:
+    description: A reason found on the controller not to probe (e.g. no cluster model); the module fails with it.
+    type: str
+    default: ""
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -48,6 +68,9 @@ EXAMPLES = r"""
     address: "{{ cluster_model.data_address }}"
     iface: "{{ cluster_data_iface }}"
     is_head: "{{ inventory_hostname == cluster_model.head }}"
+    mtu: "{{ cluster_data_mtu }}"
+    persist: true
+    mgmt_address: "{{ ansible_host | default(inventory_hostname) }}"
   register: __network_facts
 """
 
@@ -84,6 +107,20 @@ in_container:
   description: The node is itself a container (no persistent network configuration of its own).
   returned: always
   type: bool
+mgmt:
+  description: The chosen interface carries I(mgmt_address) (its MTU is left alone).
+  returned: always
+  type: bool
+mtu_set:
+  description: Whether the MTU was (or in check mode would be) set, and C(ip link)'s error when it refused.
+  returned: always
+  type: dict
+  sample: {changed: true, error: ""}
+persisted:
+  description: Whether the persisted configuration was (or would be) changed, and the error of that change.
+  returned: always
+  type: dict
+  sample: {changed: false, error: ""}
 """
 
 import glob
@@ -93,7 +130,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
-    excluded_reason, networkd_matches, netplan_section, parse_ip_addr, parse_route_get, select_iface,
+    excluded_reason, networkd_matches, netplan_section, parse_ip_addr, parse_route_get, persist_text, select_iface,
 )
 
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
@@ -215,6 +252,57 @@ class Probe(object):
         return {"method": "none", "path": ""}
 
 
+class Change(object):
+    """Sets and persists the data interface MTU where it differs (check mode: says it would)."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def run(self, argv):
+        rc, _, err = self.module.run_command(argv)
+        return "" if rc == 0 else (err.strip() or "%s failed (rc %d)" % (argv[0], rc))
+
+    def set_mtu(self, iface, mtu, current):
+        if current == mtu:
+            return {"changed": False, "error": ""}, current
+        if self.module.check_mode:
+            return {"changed": True, "error": ""}, current
+        error = self.run([self.module.get_bin_path("ip", required=True), "link", "set", "dev", iface, "mtu", str(mtu)])
+        took = read("/sys/class/net/%s/mtu" % iface)
+        return {"changed": not error, "error": error}, int(took) if took and took.strip().isdigit() else current
+
+    def persist(self, config, iface, mtu):
+        method = config["method"]
+        if method == "none":
+            return {"changed": False, "error": ""}
+        if method == "networkmanager":
+            if str(config.get("current")) == str(mtu):
+                return {"changed": False, "error": ""}
+            error = "" if self.module.check_mode else self.run(
+                [self.module.get_bin_path("nmcli", required=True), "connection", "modify", config["connection"],
+                 config["setting"], str(mtu)])
+            return {"changed": not error, "error": error}
+        path = config["path"]
+        text, mode, reload = persist_text(method, iface, mtu, config.get("section"), config.get("text"))
+        if read(path) == text:
+            return {"changed": False, "error": ""}
+        if self.module.check_mode:
+            return {"changed": True, "error": ""}
+        try:
+            if not os.path.isdir(os.path.dirname(path)):
+                os.makedirs(os.path.dirname(path), 0o755)
+            if os.path.exists(path) and method == "ifupdown":
+                self.module.backup_local(path)
+            tmp = "%s.trainyard-tmp" % path
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.chmod(tmp, mode)
+            self.module.atomic_move(tmp, path)
+        except (IOError, OSError) as exc:
+            return {"changed": False, "error": "cannot write %s: %s" % (path, exc)}
+        return {"changed": True, "error": self.run(reload) if reload else ""}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -222,10 +310,16 @@ def main():
             address=dict(type="str", default=""),
             iface=dict(type="str", default=""),
             is_head=dict(type="bool", default=False),
+            mtu=dict(type="int", default=0),
+            persist=dict(type="bool", default=False),
+            mgmt_address=dict(type="str", default=""),
+            refuse=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if p["refuse"]:
+        module.fail_json(msg=p["refuse"])
     probe = Probe(module)
     try:
         target = resolve(p["target"])
@@ -243,8 +337,22 @@ def main():
     bridges = [{"name": n, "mtu": l["mtu"], "up": l["up"]} for n, l in sorted(links.items())
                if n != "lo" and excluded_reason(n) and not n.startswith("veth")]
     in_container = os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
-    module.exit_json(changed=False, interfaces=links, route=route, target_ip=target, selected=selected,
-                     bridges=bridges, config=probe.config(selected["iface"]), in_container=in_container)
+    iface = selected["iface"]
+    link = links.get(iface) or {}
+    mgmt = bool(iface) and p["mgmt_address"] in (link.get("ipv4", []) + link.get("ipv6", []))
+    config = probe.config(iface)
+    mtu_set, persisted = {"changed": False, "error": ""}, {"changed": False, "error": ""}
+    if p["mtu"] > 0 and iface and not mgmt:
+        change = Change(module)
+        mtu_set, selected["mtu"] = change.set_mtu(iface, p["mtu"], selected["mtu"])
+        link["mtu"] = selected["mtu"]
+        if p["persist"]:
+            persisted = change.persist(config, iface, p["mtu"])
+    module.exit_json(changed=mtu_set["changed"] or persisted["changed"], interfaces=links, route=route,
+                     target_ip=target, selected=selected, bridges=bridges, config=config, in_container=in_container,
+                     mgmt=mgmt, mtu_set=mtu_set, persisted=persisted,
+                     ansible_facts={"network_iface": iface or "", "network_address": selected.get("address") or "",
+                                    "_network_mtu": selected["mtu"]})
 
 
 if __name__ == "__main__":

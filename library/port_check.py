@@ -15,8 +15,8 @@ description:
     maps their inodes to processes through C(/proc/*/fd); never by process name. A holder belongs to this
     tool's job when it is in the job recorded in the launch state file I(state_file) (leader PID with a
     matching start time, its process group, its descendants, the sidecars).
-  - C(mode=listen) (head) starts a detached listener on I(address):I(port) for the workers' probe when the
-    port is free. It exits by itself after I(listen_seconds) or after I(expect) connections, so it is gone
+  - C(mode=listen) (head), or C(mode=inspect) with I(listen), starts a detached listener on I(address):I(port)
+    for the workers' probe when the port is free. It exits by itself after I(listen_seconds) or after I(expect) connections, so it is gone
     even when the play stops half-way; C(mode=stop) ends it earlier (PID and start time checked).
   - C(mode=connect) (worker) opens one TCP connection with a I(timeout) and tells a timeout (packets dropped,
     e.g. a firewall DROP rule) from a refusal, an ICMP unreachable and a local blackhole/prohibit route.
@@ -53,6 +53,10 @@ options:
     description: The listener exits after this many connections (0 waits for listen_seconds).
     type: int
     default: 0
+  listen:
+    description: With C(mode=inspect), also start the probe listener (as C(mode=listen)) when the port is free.
+    type: bool
+    default: false
   pid:
     description: Listener PID to stop (mode stop).
     type: int
@@ -78,11 +82,15 @@ author: trainyard
 """
 
 EXAMPLES = r"""
-- name: Who holds the rendezvous port
+- name: Who holds the rendezvous port; a probe listener for the workers when nobody does
   port_check:
     mode: inspect
     port: 39500
     state_file: /var/lib/trainyard/train/launch.json
+    listen: true
+    address: 10.0.0.11
+    listen_seconds: 600
+    expect: 3
 
 - name: Connect from a worker
   port_check:
@@ -102,8 +110,8 @@ verdict:
   returned: inspect, stop_job_holders
   type: dict
 listener:
-  description: C({listening, pid, start_ticks, address, port, reason}) (listen).
-  returned: listen
+  description: C({listening, pid, start_ticks, address, port, reason}) (listen, inspect with I(listen) on a free port).
+  returned: listen, inspect with listen
   type: dict
 outcome:
   description: ok, timeout, refused, unreachable, blocked or error (connect).
@@ -317,6 +325,17 @@ def connect(address, port, timeout):
     return outcome, took, message
 
 
+def listen(module, holders, verdict):
+    """The probe listener on a free port (none in check mode or when something holds the port)."""
+    p = module.params
+    reason = ("something already listens: %s" % verdict["detail"] if holders
+              else "check mode" if module.check_mode else None)
+    if reason:
+        return {"listening": False, "pid": 0, "start_ticks": 0, "address": p["address"], "port": p["port"],
+                "reason": reason}
+    return start_listener(p["address"], p["port"], p["listen_seconds"], p["expect"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -327,11 +346,12 @@ def main():
             timeout=dict(type="float", default=3.0),
             listen_seconds=dict(type="int", default=60),
             expect=dict(type="int", default=0),
+            listen=dict(type="bool", default=False),
             pid=dict(type="int", default=0),
             start_ticks=dict(type="int", default=0),
             grace=dict(type="float", default=5.0),
         ),
-        required_if=[("mode", "listen", ["address"]), ("mode", "connect", ["address"]),
+        required_if=[("mode", "listen", ["address"]), ("listen", True, ["address"]), ("mode", "connect", ["address"]),
                      ("mode", "stop", ["pid", "start_ticks"])],
         supports_check_mode=True,
     )
@@ -341,23 +361,17 @@ def main():
     mode = p["mode"]
     if mode == "inspect":
         holders, verdict, ours = inspect(p["port"], p["state_file"])
-        module.exit_json(changed=False, holders=holders, verdict=verdict, ours=sorted(ours))
+        result = dict(changed=False, holders=holders, verdict=verdict, ours=sorted(ours))
+        if p["listen"] and verdict["state"] == "free":
+            result["listener"] = listen(module, holders, verdict)
+        module.exit_json(**result)
     if mode == "connect":
         outcome, took, message = connect(p["address"], p["port"], p["timeout"])
         module.exit_json(changed=False, outcome=outcome, seconds=took, message=message)
     if mode == "listen":
         holders, verdict, _ = inspect(p["port"], "")
-        if holders:
-            module.exit_json(changed=False, listener={"listening": False, "pid": 0, "start_ticks": 0,
-                                                      "address": p["address"], "port": p["port"],
-                                                      "reason": "something already listens: %s" % verdict["detail"]})
-        if module.check_mode:
-            module.exit_json(changed=False, listener={"listening": False, "pid": 0, "start_ticks": 0,
-                                                      "address": p["address"], "port": p["port"],
-                                                      "reason": "check mode"})
         # A probe listener is transient (it ends itself): not a change to the node.
-        module.exit_json(changed=False, listener=start_listener(p["address"], p["port"], p["listen_seconds"],
-                                                                p["expect"]))
+        module.exit_json(changed=False, listener=listen(module, holders, verdict))
     if mode == "stop":
         if module.check_mode:
             module.exit_json(changed=False, stopped=[])

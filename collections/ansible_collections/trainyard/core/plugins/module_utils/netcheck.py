@@ -341,6 +341,22 @@ def ifupdown_set_mtu(text, iface, mtu):
     return "".join(out), found
 
 
+PERSIST_HEADER = "# Managed by trainyard (role network): the data interface MTU.\n"
+
+
+def persist_text(method, iface, mtu, section=None, text=None):
+    """(content, file mode, command that applies it or None) of the MTU where ``method`` keeps it: a netplan
+    override, a systemd-networkd drop-in, or the interface's ifupdown stanza (``text``, the file as it is)."""
+    if method == "netplan":
+        return (PERSIST_HEADER + "network:\n  %s:\n    %s:\n      mtu: %d\n  version: 2\n" % (section, iface, mtu),
+                0o600, ["netplan", "generate"])
+    if method == "networkd":
+        return PERSIST_HEADER + "[Link]\nMTUBytes=%d\n" % mtu, 0o644, ["networkctl", "reload"]
+    if method == "ifupdown":
+        return ifupdown_set_mtu(text, iface, mtu)[0], 0o644, None
+    raise ValueError("no MTU file for the method %r" % method)
+
+
 def cluster_mtu(configured, measured):
     """The MTU the cluster proves: cluster_data_mtu, or with 0 ("measure it") the smallest data interface MTU
     measured on the nodes (an overlay's MTU is often below 1500: it is read, never assumed). None: none measured."""
