@@ -72,8 +72,9 @@ CHECK_ID = r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*){1,2}"
 
 
 def _yaml_check_ids() -> dict:
-    """Check ids recorded by preflight_check tasks ({check: id} or records: [{check: id}, ...]), in any YAML file
-    of the roles and playbooks: a task moved to another file is still found."""
+    """Check ids recorded by preflight_check tasks ({check: id} or records: [{check: id}, ...], or a record built in
+    the task's vars: a dict with check and ok or status), in any YAML file of the roles and playbooks: a task moved
+    to another file is still found."""
     import re
 
     import yaml
@@ -89,6 +90,9 @@ def _yaml_check_ids() -> dict:
                         if isinstance(check, str) and re.fullmatch(CHECK_ID, check):
                             found.setdefault(check, set()).add(path)
                 walk(val, path)
+            check = node.get("check")
+            if isinstance(check, str) and re.fullmatch(CHECK_ID, check) and ("ok" in node or "status" in node):
+                found.setdefault(check, set()).add(path)
         elif isinstance(node, list):
             for item in node:
                 walk(item, path)
