@@ -16,7 +16,7 @@ description:
     the node's clock; whether C(/dev/nvidiactl) exists; the Python that runs the module; the docker CLI and
     whether the engine answers on its socket.
   - Its action plugin notes the controller's clock just before and after the module runs and returns the
-    node's offset from it (I(clock)): no second call is needed to measure the clock.
+    node's offset from it (I(clock)), so no second call is needed to measure the clock.
   - The docker engine is asked over its Unix socket (C(GET /_ping), C(GET /version)); no command is run.
 options:
   paths:

@@ -347,7 +347,8 @@ def with_device_order(text, value="PCI_BUS_ID"):
 
 
 def device_order(module):
-    """(changed, CUDA_DEVICE_ORDER of environment_file): writes CUDA_DEVICE_ORDER=PCI_BUS_ID when asked."""
+    """{changed, device_order (CUDA_DEVICE_ORDER of environment_file), diff}: writes CUDA_DEVICE_ORDER=PCI_BUS_ID
+    when asked."""
     path = module.params["environment_file"]
     try:
         with open(path) as f:
@@ -357,9 +358,11 @@ def device_order(module):
     except (IOError, OSError) as exc:
         module.fail_json(msg="%s: cannot read %s: %s. Fix: make it a readable file" % (socket.gethostname(), path, exc))
     if not module.params["set_device_order"]:
-        return False, env_value(text or "", "CUDA_DEVICE_ORDER")
+        return {"changed": False, "device_order": env_value(text or "", "CUDA_DEVICE_ORDER")}
     new = with_device_order(text or "")
     changed = new != text
+    out = {"diff": {"before": text or "", "after": new, "before_header": "%s (content)" % path,
+                    "after_header": "%s (content)" % path}} if changed and module._diff else {}
     if changed and not module.check_mode:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".trainyard-")
         with os.fdopen(fd, "w") as f:
@@ -368,7 +371,8 @@ def device_order(module):
     args = module.load_file_common_arguments(dict(path=path, owner="root", group="root", mode="0644"))
     if text is not None or not module.check_mode:
         changed = module.set_fs_attributes_if_different(args, changed)
-    return changed, env_value(new if not module.check_mode else text or "", "CUDA_DEVICE_ORDER")
+    return dict(out, changed=changed, device_order=env_value(text or "" if module.check_mode else new,
+                                                            "CUDA_DEVICE_ORDER"))
 
 
 def service_state(module, unit):
@@ -405,7 +409,7 @@ def main():
     )
     extra = {"changed": False}
     if module.params["environment_file"]:
-        extra["changed"], extra["device_order"] = device_order(module)
+        extra.update(device_order(module))
     if module.params["service"]:
         extra["service_manager"], extra["service"] = service_state(module, module.params["service"])
     facts = GpuFacts(module).read(extra)
