@@ -30,7 +30,7 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 FACT = "trainyard_plan"
 _FILE = {"lineinfile", "blockinfile", "copy", "template", "file", "job_files", "ini_file", "replace", "get_url",
-         "unarchive", "systemd_unit_file"}
+         "unarchive", "systemd_unit_file", "nvidia_gpu_facts"}  # nvidia_gpu_facts keeps CUDA_DEVICE_ORDER
 _PACKAGE = {"apt", "package", "dnf", "yum", "pip"}
 _HOLD = {"dpkg_selections"}
 _IMAGE = {"docker_image", "docker_image_pull"}

@@ -13,7 +13,10 @@ description:
     instead of one task per check.
   - Free and total space of the filesystem that holds I(paths) (the nearest existing parent when a
     path does not exist yet); size of C(/dev/shm); the locked-memory and open-files limits of the session;
-    the node's clock; the Python that runs the module; the docker CLI and whether the engine answers on its socket.
+    the node's clock; whether C(/dev/nvidiactl) exists; the Python that runs the module; the docker CLI and
+    whether the engine answers on its socket.
+  - Its action plugin notes the controller's clock just before and after the module runs and returns the
+    node's offset from it (I(clock)), so no second call is needed to measure the clock.
   - The docker engine is asked over its Unix socket (C(GET /_ping), C(GET /version)); no command is run.
 options:
   paths:
@@ -29,10 +32,6 @@ options:
     description: Unix socket of the docker engine.
     type: path
     default: /var/run/docker.sock
-  clock_only:
-    description: Return only I(time) (a second, quick call on a warm connection measures the clock precisely).
-    type: bool
-    default: false
   timeout:
     description: Seconds to wait for the docker engine to answer.
     type: float
@@ -54,33 +53,39 @@ time:
   description: The node's clock (seconds since the epoch) when the module ran.
   returned: always
   type: float
+clock:
+  description: C({offset, uncertainty}) seconds - the node's clock less the midpoint of the controller's readings
+    before and after the module ran, and half that window (the bound of the measurement error).
+  returned: always
+  type: dict
 python:
   description: C({version, executable}) of the interpreter that ran the module.
-  returned: unless clock_only
+  returned: always
   type: dict
 paths:
   description: Per requested path, C({path, probed, exists, free_bytes, total_bytes}); probed is the existing parent measured.
-  returned: unless clock_only
+  returned: always
   type: list
 shm:
   description: C({path, exists, total_bytes, free_bytes}) of the shared-memory mount.
-  returned: unless clock_only
+  returned: always
   type: dict
 limits:
   description: C({memlock_soft_kb, memlock_hard_kb, nofile_soft, nofile_hard}); -1 means unlimited.
-  returned: unless clock_only
+  returned: always
   type: dict
 docker:
   description: C({cli, socket, reachable, version, api_version, error}).
-  returned: unless clock_only
+  returned: always
   type: dict
 ansible_facts:
   description:
-    - C(trainyard_init) C({systemd, pid1, container, container_evidence}) - whether systemd runs the node
-      (/run/systemd/system is a directory), PID 1's name, and the engine when the node is itself a container
-      (C(docker), C(podman), C(lxc), C(kubernetes), C(containerd), ... or null), with what showed it. Later roles of
-      the run (cluster, fabric manager, janitor, network) read it instead of probing again.
-  returned: unless clock_only
+    - C(trainyard_init) C({systemd, pid1, container, container_evidence, nvidiactl}) - whether systemd runs the node
+      (/run/systemd/system is a directory), PID 1's name, whether C(/dev/nvidiactl) exists (an NVIDIA driver is
+      loaded), and the engine when the node is itself a container (C(docker), C(podman), C(lxc), C(kubernetes),
+      C(containerd), ... or null), with what showed it. Later roles of the run (cluster, fabric manager, janitor,
+      network, container) read it instead of probing again.
+  returned: always
   type: dict
 """
 
@@ -201,15 +206,12 @@ def main() -> None:
             paths=dict(type="list", elements="path", default=[]),
             shm_path=dict(type="path", default="/dev/shm"),
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
-            clock_only=dict(type="bool", default=False),
             timeout=dict(type="float", default=3.0),
         ),
         supports_check_mode=True,
     )
     p = module.params
     now = time.time()
-    if p["clock_only"]:
-        module.exit_json(changed=False, time=now)
     shm = statvfs(p["shm_path"])
     try:
         with open("/proc/1/comm") as f:
@@ -232,7 +234,8 @@ def main() -> None:
         docker=docker_facts(p["docker_socket"], p["timeout"]),
         # For the roles after this one in the run (fabric manager, janitor): no second probe of the init system.
         ansible_facts={"trainyard_init": {"systemd": os.path.isdir("/run/systemd/system"), "pid1": pid1,
-                                          "container": engine, "container_evidence": evidence}},
+                                          "container": engine, "container_evidence": evidence,
+                                          "nvidiactl": os.path.exists("/dev/nvidiactl")}},
     )
 
 

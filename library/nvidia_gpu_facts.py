@@ -24,7 +24,15 @@ description:
     so nothing lands in the persistent fact cache where it could go stale between runs.
   - Fails with the node's name, the likely cause (driver not loaded, version mismatch, no devices,
     permissions, hung GPU) and the fix when nvidia-smi is missing or errors.
-  - Read-only; runs the same in check mode.
+  - With I(health), also reads the kernel log since I(since) (C(journalctl -k), else C(dmesg --time-format iso)) and
+    takes the GPU health (ECC, row remaps, clock slowdowns) from the same C(nvidia-smi -q -x) output
+    (module_utils/gpu_health.py); returned as C(health), also when nvidia-smi fails.
+  - With I(service), also returns the node's service manager (C(systemd) when it runs the node, else PID 1's name)
+    and, under systemd, that unit's state (C(systemctl show)) as C(service_facts) names it.
+  - With I(environment_file), returns the value of C(CUDA_DEVICE_ORDER) set there (C(device_order)); with
+    I(set_device_order) it first writes C(CUDA_DEVICE_ORDER=PCI_BUS_ID) there (root-owned, 0644; the last such line
+    is replaced, else one is appended), the module's only change. In check mode it writes nothing and says whether
+    it would (C(changed)).
 options:
   nvidia_smi:
     description: The nvidia-smi to run (a name searched on PATH, /usr/bin, /usr/local/bin, /usr/local/nvidia/bin, or a path).
@@ -42,6 +50,24 @@ options:
     description: Seconds each nvidia-smi call may take (a hung GPU makes nvidia-smi hang); 0 waits forever.
     type: int
     default: 60
+  health:
+    description: Also read the kernel log's Xid events and the GPUs' ECC / row-remap / clock-slowdown state.
+    type: bool
+    default: false
+  since:
+    description: With I(health), epoch seconds; kernel log lines older than this are left out (0 reads this boot).
+    type: float
+    default: 0
+  service:
+    description: A systemd unit (without C(.service)) whose state is returned, e.g. nvidia-fabricmanager.
+    type: str
+  environment_file:
+    description: An /etc/environment style file whose C(CUDA_DEVICE_ORDER) is returned as C(device_order).
+    type: path
+  set_device_order:
+    description: Write C(CUDA_DEVICE_ORDER=PCI_BUS_ID) into I(environment_file) first.
+    type: bool
+    default: false
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -57,6 +83,24 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+health:
+  description: With I(health), C({node, kernel, gpus, smi_error}) as module_utils/gpu_health.py health_records reads it
+    (kernel C({source, skipped, events, text, truncated}); per GPU its ECC, row-remap and clocks event state).
+  returned: when health
+  type: dict
+service_manager:
+  description: With I(service), C(systemd) when systemd runs the node (/run/systemd/system), else PID 1's name.
+  returned: when service
+  type: str
+service:
+  description: With I(service) under systemd, C({state, status}) of the unit (as service_facts names them); None when
+    the unit does not exist or systemd does not run the node.
+  returned: when service
+  type: dict
+device_order:
+  description: The value of C(CUDA_DEVICE_ORDER) in I(environment_file) (after the write), None when absent.
+  returned: when environment_file
+  type: str
 nvidia_gpu_facts:
   description: The node's NVIDIA facts.
   returned: success
@@ -120,8 +164,14 @@ fix:
 
 import os
 import socket
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
+    parse_health_xml,
+    parse_kernel_log,
+    read_kernel_log,
+)
 from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
     NvidiaSmiParseError,
     classify_failure,
@@ -131,6 +181,7 @@ from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
     parse_fabricmanager_package,
     parse_fabricmanager_version,
     parse_nvlink_status,
+    parse_unit_show,
     parse_query_xml,
     to_text,
     undecodable,
@@ -148,10 +199,10 @@ class GpuFacts(object):
         self.timeout = module.params["timeout"]
         self._timeout_bin = module.get_bin_path("timeout") if self.timeout > 0 else None
 
-    def _run(self, argv):
+    def _run(self, argv, **kw):
         if self._timeout_bin:
             argv = [self._timeout_bin, "-k", "5", str(self.timeout)] + argv
-        return self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+        return self.module.run_command(argv, environ_update={"LC_ALL": "C"}, **kw)
 
     def fail(self, rc, output, missing=False, **extra):
         cause, fix = classify_failure(rc, output, missing=missing)
@@ -168,24 +219,39 @@ class GpuFacts(object):
             return name if os.access(name, os.X_OK) else None
         return self.module.get_bin_path(name, opt_dirs=SEARCH_DIRS)
 
-    def read(self):
+    def read(self, extra):
+        """The facts; fails (with `extra`: the device order, the health) when nvidia-smi is missing or errors."""
+        p = self.module.params
+        if p["health"]:
+            extra["health"] = {"node": self.host, "kernel": self.kernel_log(), "gpus": [], "smi_error": ""}
         smi = self.smi_path()
         if not smi:
-            self.fail(None, "", missing=True)
+            if p["health"]:
+                extra["health"]["smi_error"] = "nvidia-smi not found"
+            self.fail(None, "", missing=True, **extra)
         rc, out, err = self._run([smi, "-q", "-x"])
         bad = undecodable(out or "")
         out, err = to_text(out or ""), to_text(err or "")
         if bad:
             self.module.warn("nvidia-smi -q -x printed %d byte(s) that are not UTF-8 (kept as U+FFFD); the GPU "
                              "names may be garbled: check the node's driver and VBIOS" % bad)
+        if p["health"]:
+            first = (out + err).strip().splitlines()
+            try:
+                extra["health"]["smi_error"] = "" if rc == 0 else "exit %s: %s" % (
+                    rc, first[0][:300] if first else "no output")
+                extra["health"]["gpus"] = parse_health_xml(out) if rc == 0 else []
+            except ValueError as exc:
+                extra["health"]["smi_error"] = str(exc)
         if rc != 0:
-            self.fail(rc, out + err, stdout=out, stderr=err)
+            self.fail(rc, out + err, stdout=out, stderr=err, **extra)
         try:
             facts = parse_query_xml(out)
         except NvidiaSmiParseError as exc:
             self.module.fail_json(
                 msg="%s: cannot read nvidia-smi -q -x: %s. Fix: run nvidia-smi -q -x on the node; a driver this "
-                    "old or this broken is not supported" % (self.host, exc), node=self.host, stdout=out[:2000])
+                    "old or this broken is not supported" % (self.host, exc), node=self.host, stdout=out[:2000],
+                **extra)
         gpus = facts["gpus"]
 
         links = {}
@@ -223,6 +289,14 @@ class GpuFacts(object):
         facts["nvidia_smi"] = smi
         return facts
 
+    def kernel_log(self):
+        """The kernel log since `since` with its Xid events, OOM kills and segfaults (module_utils/gpu_health.py)."""
+        since = self.module.params["since"] or None
+        kernel = read_kernel_log(lambda argv: self._run(argv, errors="surrogate_or_replace"),
+                                 self.module.get_bin_path("journalctl"), self.module.get_bin_path("dmesg"), since)
+        kernel["events"] = parse_kernel_log(kernel["text"], since=since)
+        return kernel
+
     def fabricmanager(self):
         none = {"fabricmanager_version": None, "fabricmanager_source": None, "fabricmanager_package": None}
         if not self.module.params["fabricmanager"]:
@@ -247,6 +321,76 @@ class GpuFacts(object):
         return none
 
 
+def env_value(text, name):
+    """The value of NAME=value in an /etc/environment style text (quotes and `export` removed), None when absent."""
+    value = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[7:].lstrip()
+        key, sep, val = line.partition("=")
+        if sep and key.strip() == name:
+            value = val.strip().strip("'\"")
+    return value
+
+
+def with_device_order(text, value="PCI_BUS_ID"):
+    """The text with its last CUDA_DEVICE_ORDER line set to CUDA_DEVICE_ORDER=<value> (appended when absent)."""
+    lines = text.splitlines()
+    want = "CUDA_DEVICE_ORDER=" + value
+    found = [i for i, line in enumerate(lines) if env_value(line, "CUDA_DEVICE_ORDER") is not None]
+    if found:
+        lines[found[-1]] = want
+    else:
+        lines.append(want)
+    return "\n".join(lines) + "\n"
+
+
+def device_order(module):
+    """{changed, device_order (CUDA_DEVICE_ORDER of environment_file), diff}: writes CUDA_DEVICE_ORDER=PCI_BUS_ID
+    when asked."""
+    path = module.params["environment_file"]
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = None
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="%s: cannot read %s: %s. Fix: make it a readable file" % (socket.gethostname(), path, exc))
+    if not module.params["set_device_order"]:
+        return {"changed": False, "device_order": env_value(text or "", "CUDA_DEVICE_ORDER")}
+    new = with_device_order(text or "")
+    changed = new != text
+    out = {"diff": {"before": text or "", "after": new, "before_header": "%s (content)" % path,
+                    "after_header": "%s (content)" % path}} if changed and module._diff else {}
+    if changed and not module.check_mode:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".trainyard-")
+        with os.fdopen(fd, "w") as f:
+            f.write(new)
+        module.atomic_move(tmp, path)
+    args = module.load_file_common_arguments(dict(path=path, owner="root", group="root", mode="0644"))
+    if text is not None or not module.check_mode:
+        changed = module.set_fs_attributes_if_different(args, changed)
+    return dict(out, changed=changed, device_order=env_value(text or "" if module.check_mode else new,
+                                                            "CUDA_DEVICE_ORDER"))
+
+
+def service_state(module, unit):
+    """(service manager, the unit's {state, status} or None) of the node."""
+    if not os.path.isdir("/run/systemd/system"):
+        try:
+            with open("/proc/1/comm") as f:
+                return f.read().strip() or None, None
+        except (IOError, OSError):
+            return None, None
+    systemctl = module.get_bin_path("systemctl", opt_dirs=["/usr/bin", "/bin"])
+    if not systemctl:
+        return "systemd", None
+    rc, out, err = module.run_command([systemctl, "show", unit + ".service", "-p", "LoadState", "-p", "ActiveState",
+                                       "-p", "SubState", "-p", "UnitFileState"], environ_update={"LC_ALL": "C"})
+    return "systemd", parse_unit_show(out) if rc == 0 else None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -254,11 +398,22 @@ def main():
             nvlink=dict(type="bool", default=True),
             fabricmanager=dict(type="bool", default=True),
             timeout=dict(type="int", default=60),
+            health=dict(type="bool", default=False),
+            since=dict(type="float", default=0),
+            environment_file=dict(type="path"),
+            set_device_order=dict(type="bool", default=False),
+            service=dict(type="str"),
         ),
+        required_if=[("set_device_order", True, ["environment_file"])],
         supports_check_mode=True,
     )
-    facts = GpuFacts(module).read()
-    module.exit_json(changed=False, nvidia_gpu_facts=facts)
+    extra = {"changed": False}
+    if module.params["environment_file"]:
+        extra.update(device_order(module))
+    if module.params["service"]:
+        extra["service_manager"], extra["service"] = service_state(module, module.params["service"])
+    facts = GpuFacts(module).read(extra)
+    module.exit_json(nvidia_gpu_facts=facts, **extra)
 
 
 if __name__ == "__main__":

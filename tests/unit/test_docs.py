@@ -228,6 +228,8 @@ def test_every_module_and_action_documents_itself_as_ansible_reads_it():
     from ansible.utils.plugin_docs import get_docstring
 
     for path in sorted([*REPO.glob("library/*.py"), *REPO.glob("action_plugins/*.py")]):
+        if path.parent.name != "library" and (REPO / "library" / path.name).exists():
+            continue  # the action of a module: ansible-doc reads the module's documentation
         doc, examples, returns, _meta = get_docstring(str(path), fragment_loader, is_module=True)
         assert doc and doc.get("options") is not None, f"{path.name}: DOCUMENTATION does not parse"
         assert examples and returns is not None, f"{path.name}: EXAMPLES or RETURN missing"

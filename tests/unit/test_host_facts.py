@@ -19,9 +19,11 @@ def test_probe_answers_and_publishes_the_init_system(tmp_path):
     assert init["pid1"] == open("/proc/1/comm").read().strip()
 
 
-def test_clock_only_is_just_the_clock():
-    r = adhoc("host_facts", {"clock_only": True})
-    assert isinstance(r["time"], float) and "ansible_facts" not in r and "python" not in r
+def test_one_call_measures_the_clock_offset_and_says_whether_nvidiactl_exists():
+    r = adhoc("host_facts", {"paths": []})
+    clock = r["clock"]  # the action's controller readings around the module: same clock here, offset ~ 0
+    assert 0 <= clock["uncertainty"] < 60 and abs(clock["offset"]) <= clock["uncertainty"] + 0.01, clock
+    assert r["ansible_facts"]["trainyard_init"]["nvidiactl"] is os.path.exists("/dev/nvidiactl")
 
 
 def test_probe_says_whether_the_node_is_a_container():

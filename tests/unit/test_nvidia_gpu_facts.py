@@ -77,3 +77,24 @@ def test_mig_mode_reaches_the_facts(tmp_path):
     f = run_module(tmp_path, faults=["mig=Enabled@2"])["nvidia_gpu_facts"]
     assert [g["mig_mode"] for g in f["gpus"]] == ["Disabled", "Disabled", "Enabled", "Disabled"]
     assert [g["mig_devices"] for g in f["gpus"]] == [0, 0, 1, 0]
+
+
+def test_one_call_keeps_the_device_order_and_reads_the_health(tmp_path):
+    env = tmp_path / "environment"
+    env.write_text('PATH="/usr/bin"\nexport CUDA_DEVICE_ORDER=FASTEST_FIRST\n')
+    args = f"environment_file={env} set_device_order=true health=true"
+    res = run_module(tmp_path, args, check=True)  # check mode: says it would write, writes nothing
+    assert res["changed"] and res["device_order"] == "FASTEST_FIRST" and "FASTEST_FIRST" in env.read_text()
+    res = run_module(tmp_path, args)
+    assert not res.get("failed") and res["changed"] and res["device_order"] == "PCI_BUS_ID"
+    assert env.read_text() == 'PATH="/usr/bin"\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n'
+    health = res["health"]
+    assert health["smi_error"] == "" and len(health["gpus"]) == 4 and "events" in health["kernel"]
+    assert run_module(tmp_path, f"environment_file={env}")["device_order"] == "PCI_BUS_ID"
+
+
+def test_health_and_device_order_come_back_when_nvidia_smi_fails(tmp_path):
+    env = tmp_path / "environment"
+    res = run_module(tmp_path, f"environment_file={env} set_device_order=true health=true", faults=["error"])
+    assert res["failed"] and "exit 9" in res["health"]["smi_error"] and res["health"]["gpus"] == []
+    assert res["device_order"] == "PCI_BUS_ID" and env.read_text() == "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"

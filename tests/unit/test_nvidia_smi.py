@@ -116,6 +116,16 @@ def test_proc_version_and_fabric_manager_version_and_package():
     assert ns.parse_fabricmanager_package("nvidia-fabricmanager-575 575.57.08-1 rc \n") == (None, None)
 
 
+def test_unit_state_as_service_facts_names_it():
+    show = "LoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\n"
+    assert ns.parse_unit_show(show) == {"state": "running", "status": "enabled"}
+    show = "LoadState=loaded\nActiveState=failed\nSubState=failed\nUnitFileState=enabled\n"
+    assert ns.parse_unit_show(show) == {"state": "stopped", "status": "failed"}
+    show = "LoadState=loaded\nActiveState=inactive\nSubState=dead\nUnitFileState=disabled\n"
+    assert ns.parse_unit_show(show) == {"state": "stopped", "status": "disabled"}
+    assert ns.parse_unit_show("LoadState=not-found\nActiveState=inactive\nSubState=dead\nUnitFileState=\n") is None
+
+
 def test_nvswitch_devices_from_a_proc_listing():
     assert ns.nvswitch_devices([]) == []
     assert ns.nvswitch_devices((REAL / "nvswitch-devices.txt").read_text().splitlines()) == []

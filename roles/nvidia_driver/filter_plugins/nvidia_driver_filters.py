@@ -26,21 +26,8 @@ def nvidia_driver_records(host, play_hosts, hostvars, opts):
     return nvidia_smi.driver_records(host, all_facts.get(host), all_facts, dict(opts or {}))
 
 
-def nvidia_driver_env_value(text, name):
-    """The value of NAME=value in an /etc/environment style text (quotes removed), None when absent."""
-    value = None
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line.startswith("export "):
-            line = line[7:].lstrip()
-        key, sep, val = line.partition("=")
-        if sep and key.strip() == name:
-            value = val.strip().strip("'\"")
-    return value
-
-
 def nvidia_driver_health_records(host, result, opts):
-    """The nvidia_driver.xid, .ecc and .throttle records of one node from its gpu_health module result."""
+    """The nvidia_driver.xid, .ecc and .throttle records of one node from the health of its nvidia_gpu_facts result."""
     return gpu_health.health_records(host, result, dict(opts or {}))
 
 
@@ -48,6 +35,5 @@ class FilterModule:
     def filters(self):
         return {
             "nvidia_driver_records": nvidia_driver_records,
-            "nvidia_driver_env_value": nvidia_driver_env_value,
             "nvidia_driver_health_records": nvidia_driver_health_records,
         }

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 """GPU health from the kernel log and `nvidia-smi -q -x`: Xid events, ECC / row-remap state, clock slowdowns.
 
-Pure functions (standard library only), shared by the module `gpu_health` on the nodes, the nvidia_driver role's
-filters (preflight) and the collect playbook's analysis on the controller. Unit tests:
+Pure functions (standard library only), shared by the module `nvidia_gpu_facts` (with health) on the nodes, the
+nvidia_driver role's filters (preflight) and the collect playbook's analysis on the controller. Unit tests:
 tests/unit/test_gpu_health.py (real kernel log lines and the real H200 capture, tests/data/kernel-log/).
 
 Every record names the node, the GPU, the ranks on it and the fix.
@@ -471,7 +471,7 @@ def throttle_record(host, gpus, opts=None):
 
 
 def health_records(host, result, opts=None):
-    """The three records from one `gpu_health` module result ({kernel, gpus, smi_error})."""
+    """The three records from the health of one node ({kernel, gpus, smi_error}: nvidia_gpu_facts with health)."""
     result = result or {}
     gpus = result.get("gpus") or []
     recs = [xid_record(host, result.get("kernel") or {}, gpus, opts)]

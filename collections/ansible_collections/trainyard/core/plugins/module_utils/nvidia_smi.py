@@ -225,6 +225,18 @@ def parse_fabricmanager_package(text):
     return None, None
 
 
+def parse_unit_show(text):
+    """``systemctl show UNIT -p LoadState -p ActiveState -p SubState -p UnitFileState`` -> the unit as
+    service_facts names it, ``{state: running|stopped, status: enabled|disabled|static|...|failed}``, or None when
+    systemd knows no such unit."""
+    props = dict(line.split("=", 1) for line in (text or "").splitlines() if "=" in line)
+    if props.get("LoadState", "not-found") == "not-found":
+        return None
+    return {"state": "running" if props.get("SubState") == "running" else "stopped",
+            "status": "failed" if props.get("ActiveState") == "failed"
+            else props.get("UnitFileState") or props.get("ActiveState") or "unknown"}
+
+
 def nvswitch_devices(entries):
     """Entries of /proc/driver/nvidia-nvswitch/devices (a directory of PCI addresses on HGX/DGX nodes, or
     the lines of a listing) -> sorted list of NVSwitch PCI addresses."""
