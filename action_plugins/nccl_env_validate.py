@@ -14,9 +14,26 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - "Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
-    C(errors) so the role can record the check in the preflight report and then stop."
+  - "Runs on the controller only; the host is not contacted. Records the check C(nccl_env.variables) in the
+    preflight report itself (the C(preflight_check) action's record, pending logic and FAIL line) and returns C(ok)
+    and C(errors); it does not fail on bad variables (the task that writes the file refuses them), only when
+    I(broken) names something the role needs from earlier plays."
 options:
+  broken:
+    description: What the role is missing from earlier plays (the cluster model, the data interface), one message
+      each; when any is given the action fails with them and records nothing.
+    type: list
+    elements: str
+    default: []
+  fix:
+    description: The fix of the C(nccl_env.variables) record.
+    type: str
+    default: ""
+  publish:
+    description: Facts to set on the host with the result (the env file's path and the first launch's variables, for
+      the launch play).
+    type: dict
+    default: {}
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
     type: list
@@ -49,6 +66,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+preflight_record:
+  description: The C(nccl_env.variables) record (see the C(preflight_check) action).
+  returned: unless I(broken) is given
+  type: dict
 ok:
   description: Whether every name and value can be written.
   returned: always
@@ -74,12 +95,26 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
+def variables_record(env, errors, profile, fix=""):
+    """The nccl_env.variables record of the preflight report from build_env's answer."""
+    return {"check": "nccl_env.variables", "ok": not errors, "fix": fix,
+            "detail": "; ".join(errors) if errors else
+            f"{len(env)} variables, profile {profile}, NCCL_DEBUG={env.get('NCCL_DEBUG', 'unset')}",
+            "data": {"profile": profile, "drift": {"nccl_env_profile": profile}}}
+
+
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        broken = bases.str_list(args.get("broken"))
+        if broken:
+            return dict(failed=True, msg=" ".join(broken))
         sections = args.get("sections")
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
         extra = bases.need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
         merged, env, errors = nccl_vars.build_env(sections, extra, bases.str_list(args.get("allow_unknown")),
                                                   str(args.get("profile") or ""))
-        return dict(ok=not errors, errors=errors, sections=merged, env=env)
+        profile = str(args.get("profile") or "")
+        result = self.record(task_vars, variables_record(env, errors, profile, str(args.get("fix") or "")))
+        result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "nccl_env_validate: 'publish'"))
+        return dict(result, ok=not errors, errors=errors, sections=merged, env=env)

@@ -8,22 +8,31 @@ import base64
 from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, nccl_vars
 
 
-def _slurped_text(registered):
-    """The text of a registered slurp result, or None when the file could not be read."""
-    if not isinstance(registered, dict) or registered.get("failed") or "content" not in registered:
+def _b64_text(content):
+    return base64.b64decode(content).decode("utf-8", errors="replace")
+
+
+def written_text(registered, path):
+    """The text of `path` from a registered job_files result: the file it wrote (or, in check mode, found), else the
+    file it read back; None when the file is not there (or the task did not run)."""
+    if not isinstance(registered, dict) or registered.get("failed") or registered.get("skipped"):
         return None
-    return base64.b64decode(registered["content"]).decode("utf-8", errors="replace")
+    for entry in registered.get("files") or []:
+        if entry.get("path") == path and "content" in entry:
+            return _b64_text(entry["content"])
+    content = (registered.get("read") or {}).get(path)
+    return None if content is None else _b64_text(content)
 
 
 def env_consistency(hosts, hostvars, per_node=nccl_vars.PER_NODE, expected_envs=None,
-                    slurp_var="__nccl_env_slurp"):
+                    registered_var="__nccl_env_write", path_var="nccl_env_file"):
     """hosts (rank order) → {host: {consistent, missing, digest, reference, reference_hosts, diff}}.
 
-    Reads each host's registered slurp of its env file from hostvars; expected_envs is the list (same order as
-    hosts) of each host's rendered env, for the per-node lines.
+    Reads each host's env file from its registered job_files result in hostvars (the file at its path_var);
+    expected_envs is the list (same order as hosts) of each host's rendered env, for the per-node lines.
     """
     hosts = list(hosts)
-    files = {h: _slurped_text(hostvars[h].get(slurp_var)) for h in hosts}
+    files = {h: written_text(hostvars[h].get(registered_var), hostvars[h].get(path_var)) for h in hosts}
     expected = dict(zip(hosts, expected_envs or []))
     return nccl_vars.consistency(files, list(per_node), expected)
 
@@ -245,6 +254,21 @@ def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plu
     return {"status": "pass", "detail": f"profile {profile}: " + "; ".join(seen), "fix": ""}
 
 
+def nccl_fabric_probe(profile, probe, plugin=None, gpu_nics="", plugin_dir="", ib_hca="", ifname=""):
+    """nccl_fabric's verdict from the env-file task's own probe (job_files glob of /sys/class/net/* and
+    /sys/class/infiniband/*, read of each RDMA device's ports/1/link_layer) and the plugin probe's result."""
+    probe = probe if isinstance(probe, dict) and not probe.get("failed") and not probe.get("skipped") else {}
+    globbed = probe.get("globbed")
+    names = {pattern: [p.rsplit("/", 1)[-1] for p in paths] for pattern, paths in (globbed or {}).items()}
+    net = names.get("/sys/class/net/*") if globbed is not None else None
+    layers = {path.split("/")[-4]: _b64_text(content).strip() for path, content in (probe.get("read") or {}).items()
+              if path.startswith("/sys/class/infiniband/") and path.endswith("/ports/1/link_layer")}
+    plugin = plugin if isinstance(plugin, dict) and not plugin.get("skipped") else {}
+    missing = [n for n in str(gpu_nics or "").split(",") if n and n not in net] if net is not None else []
+    return nccl_fabric(profile, names.get("/sys/class/infiniband/*", []), layers, missing, plugin, plugin_dir,
+                       ib_hca, ifname, net)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -254,5 +278,6 @@ class FilterModule:
             "trainyard_ds_lora_gather": ds_lora_gather,
             "trainyard_ds_build": ds_build,
             "trainyard_nccl_fabric": nccl_fabric,
+            "trainyard_nccl_fabric_probe": nccl_fabric_probe,
             "trainyard_ds_load": ds_load,
         }

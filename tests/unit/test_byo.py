@@ -1,6 +1,7 @@
 """Bring your own config: real DeepSpeed configs and cloud NCCL settings (tests/data/byo/, sources in its README)
 go in unchanged, known-bad ones are refused with the right reason, and env-file values round-trip exactly."""
 
+import base64
 import json
 import re
 import shlex
@@ -284,6 +285,25 @@ def test_fabric_verdicts(args, status, text):
     assert v["status"] == status and text in v["detail"], v
     if status == "fail":
         assert v["fix"] and "tcp" not in v["fix"].split("profile")[-1].split()[:1]
+
+
+def test_fabric_verdict_from_the_env_file_task_s_own_probe():
+    """The env-file task's job_files glob/read answer stands in for the separate find/slurp/stat probes."""
+    b64 = lambda t: base64.b64encode(t.encode()).decode()  # noqa: E731
+    probe = {"globbed": {"/sys/class/net/*": ["/sys/class/net/eth1", "/sys/class/net/lo"],
+                         "/sys/class/infiniband/*": ["/sys/class/infiniband/mlx5_0", "/sys/class/infiniband/mlx5_1"]},
+             "read": {"/sys/class/infiniband/mlx5_0/ports/1/link_layer": b64("InfiniBand\n"),
+                      "/sys/class/infiniband/mlx5_1/ports/1/link_layer": b64("Ethernet\n")}}
+    assert render.nccl_fabric_probe("tcp", probe, ifname="eth1")["status"] == "pass"
+    assert render.nccl_fabric_probe("tcp", probe, ifname="eth9")["status"] == "fail"
+    assert render.nccl_fabric_probe("tcp", {"skipped": True}, ifname="eth1")["status"] == "skip"
+    v = render.nccl_fabric_probe("roce", probe)
+    assert v["status"] == "pass" and "mlx5_0, mlx5_1" in v["detail"], v
+    v = render.nccl_fabric_probe("ib", dict(probe, read={}), ib_hca="mlx5_0:1")
+    assert v["status"] == "pass", v
+    v = render.nccl_fabric_probe("gcp-tcpx", probe, {"rc": 0, "stdout": "/usr/local/tcpx/lib64/libnccl-net.so"},
+                                 "eth1,eth2")
+    assert v["status"] == "fail" and "GPU NICs missing: eth2" in v["detail"], v
 
 
 def test_a_value_pasted_with_its_shell_quotes_is_refused_with_the_reason():

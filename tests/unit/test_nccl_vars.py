@@ -170,3 +170,21 @@ def test_the_action_runs_on_the_controller_and_answers_without_a_change():
     assert r["changed"] is False and r["ok"] is True and r["env"] == {"NCCL_DEBUG": "WARN", "MYLAB_X": "1"}, r
     r = adhoc("nccl_env_validate", {"sections": sections, "extra": ["NCCL_DEBUG=INFO"]})
     assert r.get("failed") and r["msg"] == "nccl_env_extra (NAME: value) must be a dict, not list", r
+
+
+def test_the_action_records_its_check_publishes_facts_and_stops_on_what_is_missing():
+    """nccl_env_validate records nccl_env.variables itself (no task of its own), sets the facts it is given, and
+    fails with the messages of `broken` (the cluster model or the data interface missing) before building."""
+    sections = [{"title": "t", "vars": {"NCCL_DEBUG": "WARN"}}]
+    r = adhoc("nccl_env_validate", {"sections": sections, "extra": {"NCCL_DEBGU": "INFO"}, "profile": "tcp",
+                                    "fix": "Correct the names", "publish": {"nccl_env_file": "/x/nccl.env"}})
+    rec = r["preflight_record"]
+    assert rec["check"] == "nccl_env.variables" and rec["status"] == "fail" and "NCCL_DEBUG" in rec["detail"], r
+    assert rec["fix"] == "Correct the names" and rec["data"]["drift"] == {"nccl_env_profile": "tcp"}
+    assert r["ansible_facts"]["nccl_env_file"] == "/x/nccl.env"
+    assert [x["check"] for x in r["ansible_facts"]["preflight_results"]] == ["nccl_env.variables"]
+    r = adhoc("nccl_env_validate", {"sections": sections, "profile": "tcp"})
+    assert r["preflight_record"]["status"] == "pass"
+    assert r["preflight_record"]["detail"] == "1 variables, profile tcp, NCCL_DEBUG=WARN", r
+    r = adhoc("nccl_env_validate", {"sections": [], "broken": ["node1: cluster_model is not set."]})
+    assert r["failed"] and r["msg"] == "node1: cluster_model is not set." and "preflight_record" not in r, r
