@@ -2,6 +2,7 @@
 
 import pytest
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
 from conftest import adhoc, load
 
@@ -138,8 +139,8 @@ def test_argv_from_options_and_extras():
 
 
 def test_dict_diff_paths():
-    assert render.dict_diff_paths({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["a.c", "a.d"]
-    assert render.dict_diff_paths({"a": 1}, {"a": 1}) == []
+    assert ds_config.diff_paths({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["a.c", "a.d"]
+    assert ds_config.diff_paths({"a": 1}, {"a": 1}) == []
 
 
 @pytest.mark.parametrize("zero,ft,overrides,status,variable", [
@@ -156,7 +157,7 @@ def test_dict_diff_paths():
     ({"stage": 2}, "lora", {}, "skip", ""),
 ])
 def test_lora_gather_rule(zero, ft, overrides, status, variable):
-    r = render.ds_lora_gather({"zero_optimization": zero}, overrides, ft)
+    r = ds_config.lora_gather({"zero_optimization": zero}, overrides, ft)
     assert r["status"] == status and r["variable"] == variable
 
 
