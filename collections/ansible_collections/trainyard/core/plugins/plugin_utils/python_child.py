@@ -10,6 +10,7 @@ The child finds this collection on PYTHONPATH (``child_env``), as plain Python n
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -50,11 +51,22 @@ def run_cached(python: str, script: str, request: dict, key: list, *, cache_dir:
         me = hashlib.sha256(fh.read()).hexdigest()
     digest = hashlib.sha256(json.dumps([*key, me], sort_keys=True, default=str).encode()).hexdigest()
     path = os.path.join(os.path.expanduser(cache_dir), f"{digest}.json") if cache_dir else ""
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            result = json.load(fh)
-        result["cached"] = True
-        return result
+    if not path:
+        return _run_child(python, script, request, "", timeout, env, what, version_key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # One child per distinct request: the nodes' tasks run in parallel forks, and the first to take the lock runs
+    # the child while the others wait for its cached answer.
+    with open(f"{path}.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                result = json.load(fh)
+            result["cached"] = True
+            return result
+        return _run_child(python, script, request, path, timeout, env, what, version_key)
+
+
+def _run_child(python, script, request, path, timeout, env, what, version_key):
     try:
         proc = subprocess.run([python, script], input=json.dumps(request), capture_output=True, text=True,
                               timeout=timeout, env=env, check=False)
@@ -67,7 +79,6 @@ def run_cached(python: str, script: str, request: dict, key: list, *, cache_dir:
                 "cached": False}
     result = json.loads(lines[-1])
     if path and version_key in result:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(result, fh)
