@@ -78,7 +78,7 @@ EXAMPLES = r"""
 - name: Validate the LLaMA-Factory config with LLaMA-Factory's own parser
   llamafactory_validate:
     config: "{{ _train_args_llamafactory_config }}"
-    deepspeed_config: "{{ _deepspeed_config_data }}"
+    deepspeed_config: "{{ __deepspeed_config_built.config }}"
     pythonpath: "{{ train_args_validate_pythonpath }}"
   register: __train_args_validated
   run_once: true
