@@ -19,35 +19,16 @@ description:
     ones are replaced by typed stand-ins."
   - "Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
     seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop."
-  - "With I(build) (one node, no DeepSpeed) it builds the node's config instead (plugin_utils/ds_config.py render):
-    the user's file as the base or the variables, the LoRA save check, the file's text; it fails naming
-    C(deepspeed_config_base_file) when that file cannot be read."
-  - "With I(hosts) and I(contents) (run once for the play) it compares the nodes' files (O(n)) and validates each
-    distinct config once, answering per host: at 1,024 nodes DeepSpeed runs once, not 1,024 times."
+  - "With I(build) (one node, no DeepSpeed) it builds the node's config instead (plugin_utils/ds_config.py render),
+    failing naming C(deepspeed_config_base_file) when that file cannot be read; with I(hosts) and I(contents) (run
+    once) it compares the nodes' files (O(n)) and validates each distinct config once, answering per host."
 options:
-  config:
-    description: The DeepSpeed configuration (one config; see I(build) and I(hosts) for the other uses).
-    type: dict
-  build:
-    description: "Build one node's config: C({generated, overrides, base_file, base_text, wants, finetuning_type}).
-      The result is C(config), C(content), C(lora), C(added), C(kept), C(overridden), C(duplicates), C(source)."
-    type: dict
-  hosts:
-    description: The play's hosts, with I(contents) (each host's file text, same order).
-    type: list
-    elements: str
-  contents:
-    description: Each host of I(hosts)'s ds_config.json text.
-    type: list
-    elements: str
-  validate:
-    description: With I(hosts), whether to run DeepSpeed (false compares only).
-    type: bool
-    default: true
-  publish:
-    description: Facts to set on the host with the result of I(build) (the file's path, for the launch play).
-    type: dict
-    default: {}
+  config: {description: The DeepSpeed configuration (one config)., type: dict}
+  build: {description: "One node's config from C({generated, overrides, base_file, base_text, wants, finetuning_type, profile}).", type: dict}
+  hosts: {description: The play's hosts., type: list, elements: str}
+  builts: {description: Each host's I(build) result (the order of I(hosts))., type: list, elements: dict}
+  validate: {description: With I(hosts), whether to run DeepSpeed (false compares only)., type: bool, default: true}
+  publish: {description: With I(build), facts to set on the host (the file's path)., type: dict, default: {}}
   allow_unknown_keys:
     description: Top-level keys to accept although DeepSpeedConfig does not read them (another consumer reads them).
     type: list
@@ -237,15 +218,19 @@ from ansible.errors import AnsibleActionFail  # noqa: E402
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
-def validate_hosts(hosts, contents, run=None, enabled=True):
-    """ds_config.compare of the nodes' texts, and run(config) (validate with the task's options) once per distinct
-    config: {hosts: {host: {ok, errors, differs}}, majority, deepspeed_version}."""
+def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer"):
+    """ds_config.compare of the nodes' built configs, run(config) (validate with the task's options) once per
+    distinct config, and each node's records: {hosts: {host: {ok, errors, differs}}, records: {host: [...]},
+    majority, deepspeed_version}."""
+    contents = [b["content"] for b in builts]
     seen = ds_config.compare(hosts, contents)
     verdicts = {d: run(json.loads(contents[hosts.index(h)])) if enabled else {"ok": True, "errors": []}
                 for d, h in seen["distinct"].items()}
     version = next((v["deepspeed_version"] for v in verdicts.values() if v.get("deepspeed_version")), "")
     return {"hosts": {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
                           "differs": seen["differs"].get(h, [])} for h in hosts},
+            "records": {h: ds_config.records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
+                        for h, b in zip(hosts, builts)},
             "majority": seen["majority"], "deepspeed_version": version, "configs_validated": len(verdicts) * enabled}
 
 
@@ -256,7 +241,7 @@ class ActionModule(bases.ControllerAction):
             try:
                 built = ds_config.render(b.get("generated") or {}, b.get("overrides") or {},
                                          str(b.get("base_file") or ""), b.get("base_text") or "", b.get("wants") or {},
-                                         str(b.get("finetuning_type") or ""))
+                                         str(b.get("finetuning_type") or ""), str(b.get("profile") or ""))
             except ValueError as exc:
                 return dict(failed=True, msg=(
                     f"{task_vars.get('inventory_hostname')}: deepspeed_config_base_file: {exc}; give the path of a "
@@ -275,6 +260,6 @@ class ActionModule(bases.ControllerAction):
                             timeout=int(args.get("timeout", 180)), auto_filler=filler,
                             source=args.get("source") or "the config")
         if args.get("hosts") is not None:
-            return validate_hosts(bases.str_list(args["hosts"]), bases.str_list(args.get("contents")), run,
-                                  bool(args.get("validate", True)))
+            return validate_hosts(bases.str_list(args["hosts"]), list(args.get("builts") or []), run,
+                                  bool(args.get("validate", True)), filler)
         return run(bases.need_dict(args.get("config"), "deepspeed_validate: 'config'"))

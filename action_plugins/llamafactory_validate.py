@@ -23,40 +23,12 @@ description:
   - "Results are cached on the controller by the config's hash and the LLaMA-Factory version; the nodes' tasks
     wait for one another, so each distinct config is validated once. Never fails by itself: returns C(ok) and
     C(errors) so the role can record the check, then stop."
-  - "With I(profile) (role train_args, one task per node) it also records the role's checks: C(train_args.llamafactory_config)
-    (profile C(llamafactory): the validation above, skip when I(validate) is false) and C(train_args.entrypoint)
-    (other profiles: the entry point is looked for on the node with one C(job_files) call; C(warn) when absent, C(skip)
-    for the bundled example the launch role copies later, C(skip) for C(llamafactory), whose entry point is a module),
-    and sets I(publish) as facts."
+  - "With I(profile) (role train_args, one task per node) it records C(train_args.llamafactory_config) (profile
+    C(llamafactory); skip when I(validate) is false) and C(train_args.entrypoint) (looked for on the node with one
+    C(job_files) call; train_args_records says each status), and sets I(publish) as facts."
 options:
   config:
     description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).
-    type: dict
-  profile:
-    description: The train_args profile; given, the action records the role's checks (see above).
-    type: str
-  validate:
-    description: With I(profile) C(llamafactory), whether to run LLaMA-Factory (C(train_args_validate)).
-    type: bool
-    default: true
-  entrypoint:
-    description: With I(profile), the entry point to look for on the node.
-    type: str
-  example:
-    description: With I(profile), where the launch role copies its bundled example (absent there yet is a skip).
-    type: str
-  argv:
-    description: With I(profile), the entry point's arguments (counted in the detail, listed in the data).
-    type: list
-    elements: str
-  fix:
-    description: "With I(profile), the fixes: C({entrypoint: ..., llamafactory_config: ...})."
-    type: dict
-  config_file:
-    description: With I(profile) C(llamafactory), the config's path on the nodes (the record's data).
-    type: str
-  publish:
-    description: With I(profile), facts to set on the host (the argument list for the launch role).
     type: dict
   overrides:
     description: C(key=value) arguments given after the YAML path (OmegaConf dotlist).
@@ -67,6 +39,14 @@ options:
     description: The rendered DeepSpeed config the C(deepspeed) key points at on the nodes.
     type: dict
     default: {}
+  profile: {description: The train_args profile; given, the action records the role's checks., type: str}
+  validate: {description: With I(profile) C(llamafactory), whether to run LLaMA-Factory., type: bool, default: true}
+  entrypoint: {description: The entry point to look for on the node., type: str}
+  example: {description: Where the launch role copies its bundled example (absent there yet is a skip)., type: str}
+  argv: {description: The entry point's arguments (the record's data)., type: list, elements: str}
+  fix: {description: "The fixes of the records: C({entrypoint: ..., llamafactory_config: ...}).", type: dict}
+  config_file: {description: The LLaMA-Factory config's path on the nodes (the record's data)., type: str}
+  publish: {description: Facts to set on the host (the argument list for the launch role)., type: dict}
   pythonpath:
     description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
     type: str
@@ -252,14 +232,10 @@ def train_args_records(profile, verdict, entrypoint, found, example, argv, fix, 
                     f"accepted by LLaMA-Factory {verdict.get('llamafactory_version')} ({keys} keys, {overrides} "
                     f"overrides)" if verdict["ok"] else "; ".join(verdict["errors"]),
                     "data": {"config_file": config_file}})
-    if profile == "llamafactory":
         status, seen = "skip", "is a Python module of the training image (torchrun --module), not a file on the node"
-    elif found:
-        status, seen = "pass", "present"
-    elif entrypoint == example:
-        status, seen = "skip", "not there yet (the launch role copies its example there)"
     else:
-        status, seen = "warn", "not on the node yet"
+        status, seen = (("pass", "present") if found else ("skip", "not there yet (the launch role copies its example "
+                        "there)") if entrypoint == example else ("warn", "not on the node yet"))
     out.append({"check": "train_args.entrypoint", "status": status, "fix": fix.get("entrypoint", ""),
                 "detail": f"{entrypoint} {seen}; {len(argv)} arguments ({profile})", "data": {"argv": list(argv)}})
     return out

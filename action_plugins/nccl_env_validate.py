@@ -14,26 +14,13 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - "Runs on the controller only; the host is not contacted. Records the check C(nccl_env.variables) in the
-    preflight report itself (the C(preflight_check) action's record, pending logic and FAIL line) and returns C(ok)
-    and C(errors); it does not fail on bad variables (the task that writes the file refuses them), only when
-    I(broken) names something the role needs from earlier plays."
+  - "Runs on the controller only; the host is not contacted. Records C(nccl_env.variables) itself and returns C(ok)
+    and C(errors) (the task writing the file refuses bad ones); fails only when I(model) or I(ifname) is missing."
 options:
-  broken:
-    description: What the role is missing from earlier plays (the cluster model, the data interface), one message
-      each; when any is given the action fails with them and records nothing.
-    type: list
-    elements: str
-    default: []
-  fix:
-    description: The fix of the C(nccl_env.variables) record.
-    type: str
-    default: ""
-  publish:
-    description: Facts to set on the host with the result (the env file's path and the first launch's variables, for
-      the launch play).
-    type: dict
-    default: {}
+  model: {description: The cluster model of the host (C(cluster_model)); given, none or incomplete fails the task., type: dict}
+  ifname: {description: The data interface NCCL and gloo use; given, empty fails the task., type: str}
+  fix: {description: The fix of the C(nccl_env.variables) record., type: str, default: ""}
+  publish: {description: Facts to set on the host (the env file's path and the first launch's variables)., type: dict, default: {}}
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
     type: list
@@ -105,7 +92,14 @@ def variables_record(env, errors, profile, fix=""):
 
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        broken = bases.str_list(args.get("broken"))
+        host, model = task_vars.get("inventory_hostname"), args.get("model") or {}
+        broken = [f"{host}: cluster_model is not set. The validate play (playbooks/validate.yml, role cluster, "
+                  "tasks/validate.yml) computes it; run the render roles after it."] * (
+            "model" in args and not all(k in model for k in ("node_rank", "master_addr"))) + [
+            f"{host}: no data interface for NCCL_SOCKET_IFNAME: the network role did not set network_iface (did it "
+            "run in the prepare play?) and cluster_data_iface is empty. Run the network role first, or set "
+            "cluster_data_iface (or nccl_env_socket_ifname) to the interface of the data network."] * (
+            "ifname" in args and not args["ifname"])
         if broken:
             return dict(failed=True, msg=" ".join(broken))
         sections = args.get("sections")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 
@@ -13,36 +12,23 @@ def _b64_text(content):
     return base64.b64decode(content).decode("utf-8", errors="replace")
 
 
-def written_text(registered, path):
-    """The text of `path` from a registered job_files result: the file it wrote (or, in check mode, found), else the
-    file it read back; None when the file is not there (or the task did not run)."""
+def written_text(registered, path=None):
+    """The text of `path` (None: the only file) from a registered job_files result: the file it wrote (or, in check
+    mode, found), else the file it read back; None when the file is not there (or the task did not run)."""
     if not isinstance(registered, dict) or registered.get("failed") or registered.get("skipped"):
         return None
     for entry in registered.get("files") or []:
-        if entry.get("path") == path and "content" in entry:
+        if path in (None, entry.get("path")) and "content" in entry:
             return _b64_text(entry["content"])
-    content = (registered.get("read") or {}).get(path)
+    read = registered.get("read") or {}
+    content = read.get(path) if path is not None else next(iter(read.values()), None)
     return None if content is None else _b64_text(content)
-
-
-def written_sha256(registered):
-    """sha256 of the one file a registered job_files result wrote (or, in check mode, found) or read; "" for none."""
-    if not isinstance(registered, dict) or registered.get("failed") or registered.get("skipped"):
-        return ""
-    for entry in registered.get("files") or []:
-        return entry.get("checksum", "")
-    for content in (registered.get("read") or {}).values():
-        return hashlib.sha256(base64.b64decode(content)).hexdigest()
-    return ""
 
 
 def env_consistency(hosts, hostvars, per_node=nccl_vars.PER_NODE, expected_envs=None,
                     registered_var="__nccl_env_write", path_var="nccl_env_file"):
-    """hosts (rank order) → {host: {consistent, missing, digest, reference, reference_hosts, diff}}.
-
-    Reads each host's env file from its registered job_files result in hostvars (the file at its path_var);
-    expected_envs is the list (same order as hosts) of each host's rendered env, for the per-node lines.
-    """
+    """hosts (rank order) → {host: {consistent, missing, digest, reference, reference_hosts, diff}} of each host's
+    env file (its registered job_files result); expected_envs (hosts' order) is each host's env, for per-node lines."""
     hosts = list(hosts)
     files = {h: written_text(hostvars[h].get(registered_var), hostvars[h].get(path_var)) for h in hosts}
     expected = dict(zip(hosts, expected_envs or []))
@@ -172,12 +158,10 @@ def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plu
 
 
 def nccl_fabric_probe(profile, probe, plugin=None, gpu_nics="", plugin_dir="", ib_hca="", ifname=""):
-    """nccl_fabric's verdict from the env-file task's own probe (job_files glob of /sys/class/net/* and
-    /sys/class/infiniband/*, read of each RDMA device's ports/1/link_layer) and the plugin probe's result."""
+    """nccl_fabric's verdict from the env-file task's job_files answer (globbed interfaces, read link layers)."""
     probe = probe if isinstance(probe, dict) and not probe.get("failed") and not probe.get("skipped") else {}
-    globbed = probe.get("globbed")
-    names = {pattern: [p.rsplit("/", 1)[-1] for p in paths] for pattern, paths in (globbed or {}).items()}
-    net = names.get("/sys/class/net/*") if globbed is not None else None
+    names = {pattern: [p.rsplit("/", 1)[-1] for p in paths] for pattern, paths in (probe.get("globbed") or {}).items()}
+    net = names.get("/sys/class/net/*")
     layers = {path.split("/")[-4]: _b64_text(content).strip() for path, content in (probe.get("read") or {}).items()
               if path.startswith("/sys/class/infiniband/") and path.endswith("/ports/1/link_layer")}
     plugin = plugin if isinstance(plugin, dict) and not plugin.get("skipped") else {}
@@ -193,5 +177,5 @@ class FilterModule:
             "trainyard_argv": argv,
             "trainyard_nccl_fabric": nccl_fabric,
             "trainyard_nccl_fabric_probe": nccl_fabric_probe,
-            "trainyard_written_sha256": written_sha256,
+            "trainyard_written_text": written_text,
         }

@@ -51,23 +51,9 @@ options:
     description: Return each file's bytes on disk (base64) after the call.
     type: bool
     default: false
-  refuse:
-    description:
-      - Reasons not to touch the node (the controller found the content wrong). When any is given the module fails
-        with them, one line each, before anything is created, written or read.
-    type: list
-    elements: str
-    default: []
-  glob:
-    description: Shell-style patterns (C(/sys/class/net/*)) whose matching paths are returned, read-only probes in the same call.
-    type: list
-    elements: str
-    default: []
-  read:
-    description: Shell-style patterns of small files (at most 1 MiB each) to read back, after the writes; a missing file is left out.
-    type: list
-    elements: str
-    default: []
+  refuse: {description: "Reasons not to touch the node: given, the module fails with them (one a line) before anything.", type: list, elements: str, default: []}
+  glob: {description: "Patterns (C(/sys/class/net/*)) whose matches are returned: read-only probes in the same call.", type: list, elements: str, default: []}
+  read: {description: Patterns of small files (1 MiB at most) read back after the writes., type: list, elements: str, default: []}
 author: trainyard
 """
 
@@ -106,14 +92,8 @@ links:
   returned: always
   type: list
   elements: dict
-globbed:
-  description: "C({pattern: [matching paths, sorted]}) for each pattern of I(glob)."
-  returned: always
-  type: dict
-read:
-  description: "C({path: bytes, base64}) of each file matching I(read)."
-  returned: always
-  type: dict
+globbed: {description: "C({pattern: [matches, sorted]}).", returned: always, type: dict}
+read: {description: "C({path: bytes, base64}) of each file matching I(read).", returned: always, type: dict}
 """
 
 import base64

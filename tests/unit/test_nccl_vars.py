@@ -175,17 +175,19 @@ def test_the_action_runs_on_the_controller_and_answers_without_a_change():
 
 def test_the_action_records_its_check_publishes_facts_and_stops_on_what_is_missing():
     """nccl_env_validate records nccl_env.variables itself (no task of its own), sets the facts it is given, and
-    fails with the messages of `broken` (the cluster model or the data interface missing) before building."""
+    fails naming what is missing (the cluster model, the data interface) before building."""
     sections = [{"title": "t", "vars": {"NCCL_DEBUG": "WARN"}}]
-    r = adhoc("nccl_env_validate", {"sections": sections, "extra": {"NCCL_DEBGU": "INFO"}, "profile": "tcp",
+    ok = {"model": {"node_rank": 0, "master_addr": "10.0.0.1"}, "ifname": "eth1"}
+    r = adhoc("nccl_env_validate", {**ok, "sections": sections, "extra": {"NCCL_DEBGU": "INFO"}, "profile": "tcp",
                                     "fix": "Correct the names", "publish": {"nccl_env_file": "/x/nccl.env"}})
     rec = r["preflight_record"]
     assert rec["check"] == "nccl_env.variables" and rec["status"] == "fail" and "NCCL_DEBUG" in rec["detail"], r
     assert rec["fix"] == "Correct the names" and rec["data"]["drift"] == {"nccl_env_profile": "tcp"}
     assert r["ansible_facts"]["nccl_env_file"] == "/x/nccl.env"
     assert [x["check"] for x in r["ansible_facts"]["preflight_results"]] == ["nccl_env.variables"]
-    r = adhoc("nccl_env_validate", {"sections": sections, "profile": "tcp"})
+    r = adhoc("nccl_env_validate", {**ok, "sections": sections, "profile": "tcp"})
     assert r["preflight_record"]["status"] == "pass"
     assert r["preflight_record"]["detail"] == "1 variables, profile tcp, NCCL_DEBUG=WARN", r
-    r = adhoc("nccl_env_validate", {"sections": [], "broken": ["node1: cluster_model is not set."]})
-    assert r["failed"] and r["msg"] == "node1: cluster_model is not set." and "preflight_record" not in r, r
+    r = adhoc("nccl_env_validate", {"sections": [], "model": {"node_rank": 0}, "ifname": ""})
+    assert r["failed"] and "preflight_record" not in r, r
+    assert r["msg"].startswith("localhost: cluster_model is not set.") and "localhost: no data interface" in r["msg"]

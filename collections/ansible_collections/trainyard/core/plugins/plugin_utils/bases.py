@@ -27,9 +27,7 @@ class ControllerAction(ActionBase):
         return result
 
     def record(self, task_vars, *records):
-        """The result of the preflight_check action recording `records` ({check, ok|status, detail, fix, data}) for
-        this host in this task (its ansible_facts, preflight_record, preflight_records): a role's own action records
-        its check without a task of its own."""
+        """preflight_check's result recording `records` for this host: an action records its checks itself."""
         from ansible.plugins.loader import action_loader
 
         recorder = action_loader.get("preflight_check", task=self._task, connection=self._connection,

@@ -327,12 +327,6 @@ GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weight
 GATHER_VAR = "deepspeed_config_gather_16bit_weights_on_model_save"
 
 
-def _truthy(value):
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
 def lora_gather(config, overrides=None, finetuning_type="lora", base_file=""):
     """Whether a LoRA job's ZeRO-3 config gathers the 16-bit weights on save (else the saved adapter is empty).
 
@@ -350,15 +344,15 @@ def lora_gather(config, overrides=None, finetuning_type="lora", base_file=""):
         return {"status": "skip", "variable": "",
                 "detail": f"ZeRO stage {stage}: parameters are not partitioned, nothing to gather on save"}
     over = ((overrides or {}).get("zero_optimization") or {})
-    off = [k for k in GATHER_KEYS if k in zero and not _truthy(zero[k])]
-    if off or not any(_truthy(zero.get(k)) for k in GATHER_KEYS):
+    off = [k for k in GATHER_KEYS if k in zero and _enabled(zero[k]) is not True]
+    if off or not any(_enabled(zero.get(k)) is True for k in GATHER_KEYS):
         key = off[0] if off else GATHER_KEYS[0]
         variable = (f"deepspeed_config_overrides.zero_optimization.{key}" if key in over
                     else f"{base_file} key zero_optimization.{key}" if base_file else GATHER_VAR)
         return {"status": "fail", "variable": variable,
                 "detail": f"LoRA under ZeRO-3 with zero_optimization.{key} = false (set by {variable}): "
                           f"the saved adapter would be empty"}
-    on = next(k for k in GATHER_KEYS if _truthy(zero.get(k)))
+    on = next(k for k in GATHER_KEYS if _enabled(zero.get(k)) is True)
     return {"status": "pass", "variable": "", "detail": f"LoRA under ZeRO-3: zero_optimization.{on} is true"}
 
 
@@ -400,9 +394,9 @@ def _leaf_paths(node, prefix=""):
     return [prefix] if prefix else []
 
 
-def render(generated, overrides=None, base_file="", base_text="", wants=None, finetuning_type="lora"):
-    """One node's config: build()'s answer with the LoRA save check (lora_gather) and the file's text (content,
-    to_nice_json's layout). A base_file that cannot be read or parsed raises ValueError naming it."""
+def render(generated, overrides=None, base_file="", base_text="", wants=None, finetuning_type="lora", profile=""):
+    """One node's config: build()'s answer with the LoRA save check (lora_gather), the file's text (content,
+    to_nice_json's layout) and its label for the report. A base_file that cannot be read raises ValueError."""
     user = {}
     if base_file:
         loaded = load(base_text, base_file)
@@ -412,12 +406,35 @@ def render(generated, overrides=None, base_file="", base_text="", wants=None, fi
     built = build(generated, overrides, user, base_file, wants)
     built["lora"] = lora_gather(built["config"], overrides, finetuning_type, base_file)
     built["content"] = json.dumps(built["config"], indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
+    built["label"], built["drift"] = ((f"from {base_file}", "file " + base_file.rsplit("/", 1)[-1]) if base_file
+                                      else (f"profile {profile}", profile))
     return built
 
 
+def records(built, verdict, version="", auto_filler="trainer"):
+    """The node's deepspeed_config.lora_gather and deepspeed_config.valid records (verdict None: not validated)."""
+    lora, added, kept = built["lora"], built["added"], built["kept"]
+    detail = ("deepspeed_config_validate is false" if verdict is None else "; ".join(verdict["errors"])
+              if not verdict["ok"] else f'{built["label"]}, accepted by DeepSpeed {version or "?"}, "auto" filled by '
+              f'{auto_filler}' + "".join([", added: " + ", ".join(a["key"] for a in added)] * bool(added))
+              + "".join([", " + "; ".join(kept)] * bool(kept)))
+    return [{"check": "deepspeed_config.lora_gather", "status": lora["status"], "detail": lora["detail"],
+             "fix": f"Remove {lora['variable']} (or set it to true): with LoRA under ZeRO-3, "
+                    "stage3_gather_16bit_weights_on_model_save must be true or the saved adapter is empty."},
+            {"check": "deepspeed_config.valid", "status": "skip" if verdict is None else
+             "pass" if verdict["ok"] else "fail", "detail": detail,
+             "fix": "Correct the key named above in deepspeed_config_base_file or deepspeed_config_overrides (or the "
+                    "deepspeed_config_* variable that sets it); a top-level key another tool reads goes in "
+                    'deepspeed_config_allow_unknown_keys; an "auto" goes with the integration that fills it '
+                    "(deepspeed_config_auto_filler).",
+             "data": {"source": built["source"], "added": added, "kept": kept, "overridden": built["overridden"],
+                      "duplicate_spellings": built["duplicates"], "auto_filler": auto_filler,
+                      "drift": {"deepspeed_config_profile": built["drift"]}}}]
+
+
 def compare(hosts, contents):
-    """The nodes' configs side by side, O(n): {digest: sha256 of each host's text, distinct: {digest: first host},
-    majority: the digest most hosts have, differs: {host: [dotted paths where it differs from the first host]}}."""
+    """The nodes' texts side by side, O(n): {digest: {host: sha256}, distinct: {digest: its first host}, majority,
+    differs: {host: [dotted paths where it differs from the first host]}}."""
     hosts, contents = list(hosts), list(contents)
     digests = {h: hashlib.sha256(c.encode("utf-8")).hexdigest() for h, c in zip(hosts, contents)}
     distinct, counts = {}, {}
