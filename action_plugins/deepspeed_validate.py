@@ -19,11 +19,16 @@ description:
     ones are replaced by typed stand-ins."
   - "Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
     seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop."
+  - "With I(build) (one node, no DeepSpeed) it builds the node's config instead (plugin_utils/ds_config.py render),
+    failing naming C(deepspeed_config_base_file) when that file cannot be read; with I(hosts) and I(contents) (run
+    once) it compares the nodes' files (O(n)) and validates each distinct config once, answering per host."
 options:
-  config:
-    description: The DeepSpeed configuration.
-    type: dict
-    required: true
+  config: {description: The DeepSpeed configuration (one config)., type: dict}
+  build: {description: "One node's config from C({generated, overrides, base_file, base_text, wants, finetuning_type, profile}).", type: dict}
+  hosts: {description: The play's hosts., type: list, elements: str}
+  builts: {description: Each host's I(build) result (the order of I(hosts))., type: list, elements: dict}
+  validate: {description: With I(hosts), whether to run DeepSpeed (false compares only)., type: bool, default: true}
+  publish: {description: With I(build), facts to set on the host (the file's path)., type: dict, default: {}}
   allow_unknown_keys:
     description: Top-level keys to accept although DeepSpeedConfig does not read them (another consumer reads them).
     type: list
@@ -70,6 +75,7 @@ cached:
 """
 
 import copy
+import json
 import os
 import sys
 
@@ -212,13 +218,48 @@ from ansible.errors import AnsibleActionFail  # noqa: E402
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
+def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer"):
+    """ds_config.compare of the nodes' built configs, run(config) (validate with the task's options) once per
+    distinct config, and each node's records: {hosts: {host: {ok, errors, differs}}, records: {host: [...]},
+    majority, deepspeed_version}."""
+    contents = [b["content"] for b in builts]
+    seen = ds_config.compare(hosts, contents)
+    verdicts = {d: run(json.loads(contents[hosts.index(h)])) if enabled else {"ok": True, "errors": []}
+                for d, h in seen["distinct"].items()}
+    version = next((v["deepspeed_version"] for v in verdicts.values() if v.get("deepspeed_version")), "")
+    return {"hosts": {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
+                          "differs": seen["differs"].get(h, [])} for h in hosts},
+            "records": {h: ds_config.records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
+                        for h, b in zip(hosts, builts)},
+            "majority": seen["majority"], "deepspeed_version": version, "configs_validated": len(verdicts) * enabled}
+
+
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        config = bases.need_dict(args.get("config"), "deepspeed_validate: 'config'")
+        if args.get("build") is not None:
+            b = bases.need_dict(args["build"], "deepspeed_validate: 'build'")
+            try:
+                built = ds_config.render(b.get("generated") or {}, b.get("overrides") or {},
+                                         str(b.get("base_file") or ""), b.get("base_text") or "", b.get("wants") or {},
+                                         str(b.get("finetuning_type") or ""), str(b.get("profile") or ""))
+            except ValueError as exc:
+                return dict(failed=True, msg=(
+                    f"{task_vars.get('inventory_hostname')}: deepspeed_config_base_file: {exc}; give the path of a "
+                    "DeepSpeed JSON config on the controller (relative paths are looked up under the playbook's "
+                    "files/), or leave deepspeed_config_base_file empty to build the config from the "
+                    "deepspeed_config_* variables."))
+            return dict(built, ansible_facts=dict(bases.need_dict(args.get("publish") or {}, "'publish'")),
+                        _ansible_facts_cacheable=False)
         filler = args.get("auto_filler") or "trainer"
         if filler not in ds_config.AUTO_FILLED:
             raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
-        return validate(config, bases.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
-                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
-                        timeout=int(args.get("timeout", 180)), auto_filler=filler,
-                        source=args.get("source") or "the config")
+
+        def run(config):
+            return validate(config, bases.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
+                            cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
+                            timeout=int(args.get("timeout", 180)), auto_filler=filler,
+                            source=args.get("source") or "the config")
+        if args.get("hosts") is not None:
+            return validate_hosts(bases.str_list(args["hosts"]), list(args.get("builts") or []), run,
+                                  bool(args.get("validate", True)), filler)
+        return run(bases.need_dict(args.get("config"), "deepspeed_validate: 'config'"))

@@ -20,13 +20,16 @@ description:
   - "LLaMA-Factory and its pinned dependencies come from C(pythonpath) (C(make venv) installs
     C(requirements-llamafactory.txt) there without dependencies: its metadata requires torchaudio and torchvision
     builds of the torch it runs with, and none exists for the controller's CPU torch)."
-  - "Results are cached on the controller by the config's hash and the LLaMA-Factory version. Never fails by
-    itself: returns C(ok) and C(errors) so the role can record the check, then stop."
+  - "Results are cached on the controller by the config's hash and the LLaMA-Factory version; the nodes' tasks
+    wait for one another, so each distinct config is validated once. Never fails by itself: returns C(ok) and
+    C(errors) so the role can record the check, then stop."
+  - "With I(profile) (role train_args, one task per node) it records C(train_args.llamafactory_config) (profile
+    C(llamafactory); skip when I(validate) is false) and C(train_args.entrypoint) (looked for on the node with one
+    C(job_files) call; train_args_records says each status), and sets I(publish) as facts."
 options:
   config:
     description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).
     type: dict
-    required: true
   overrides:
     description: C(key=value) arguments given after the YAML path (OmegaConf dotlist).
     type: list
@@ -36,6 +39,14 @@ options:
     description: The rendered DeepSpeed config the C(deepspeed) key points at on the nodes.
     type: dict
     default: {}
+  profile: {description: The train_args profile; given, the action records the role's checks., type: str}
+  validate: {description: With I(profile) C(llamafactory), whether to run LLaMA-Factory., type: bool, default: true}
+  entrypoint: {description: The entry point to look for on the node., type: str}
+  example: {description: Where the launch role copies its bundled example (absent there yet is a skip)., type: str}
+  argv: {description: The entry point's arguments (the record's data)., type: list, elements: str}
+  fix: {description: "The fixes of the records: C({entrypoint: ..., llamafactory_config: ...}).", type: dict}
+  config_file: {description: The LLaMA-Factory config's path on the nodes (the record's data)., type: str}
+  publish: {description: Facts to set on the host (the argument list for the launch role)., type: dict}
   pythonpath:
     description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
     type: str
@@ -47,7 +58,7 @@ EXAMPLES = r"""
 - name: Validate the LLaMA-Factory config with LLaMA-Factory's own parser
   llamafactory_validate:
     config: "{{ _train_args_llamafactory_config }}"
-    deepspeed_config: "{{ _deepspeed_config_data }}"
+    deepspeed_config: "{{ __deepspeed_config_built.config }}"
     pythonpath: "{{ train_args_validate_pythonpath }}"
   register: __train_args_validated
   run_once: true
@@ -209,15 +220,62 @@ def validate(config, overrides=(), deepspeed_config=None, python=None, pythonpat
 if __name__ == "__main__":
     sys.exit(_child_main())
 
+def train_args_records(profile, verdict, entrypoint, found, example, argv, fix, keys=0, overrides=0,
+                       config_file=""):
+    """The records of role train_args: llamafactory_config (profile llamafactory; verdict None: validation off) and
+    entrypoint (found: whether the node has the entry point; None for llamafactory, whose entry point is a module)."""
+    out = []
+    if profile == "llamafactory":
+        out.append({"check": "train_args.llamafactory_config", "fix": fix.get("llamafactory_config", ""),
+                    "status": "skip" if verdict is None else "pass" if verdict["ok"] else "fail",
+                    "detail": "train_args_validate is false" if verdict is None else
+                    f"accepted by LLaMA-Factory {verdict.get('llamafactory_version')} ({keys} keys, {overrides} "
+                    f"overrides)" if verdict["ok"] else "; ".join(verdict["errors"]),
+                    "data": {"config_file": config_file}})
+        status, seen = "skip", "is a Python module of the training image (torchrun --module), not a file on the node"
+    else:
+        status, seen = (("pass", "present") if found else ("skip", "not there yet (the launch role copies its example "
+                        "there)") if entrypoint == example else ("warn", "not on the node yet"))
+    out.append({"check": "train_args.entrypoint", "status": status, "fix": fix.get("entrypoint", ""),
+                "detail": f"{entrypoint} {seen}; {len(argv)} arguments ({profile})", "data": {"argv": list(argv)}})
+    return out
+
+
 # After the child entry point: the child needs no Ansible.
+import glob  # noqa: E402
+
+from ansible.module_utils.parsing.convert_bool import boolean  # noqa: E402
+
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
 
 
 class ActionModule(bases.ControllerAction):
+    _requires_connection = True  # with profile: the entry point is looked for on the node
+
     def decide(self, args, task_vars):
-        config = bases.need_dict(args.get("config"), "llamafactory_validate: 'config'")
-        return validate(config, [str(o) for o in bases.str_list(args.get("overrides"))],
-                        deepspeed_config=args.get("deepspeed_config") or {},
-                        python=args.get("python"), pythonpath=args.get("pythonpath") or "",
-                        cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
-                        timeout=int(args.get("timeout", 300)))
+        profile = args.get("profile")
+        if profile is not None and (profile != "llamafactory" or not boolean(args.get("validate", True))):
+            verdict = None
+        else:
+            config = bases.need_dict(args.get("config"), "llamafactory_validate: 'config'")
+            verdict = validate(config, [str(o) for o in bases.str_list(args.get("overrides"))],
+                               deepspeed_config=args.get("deepspeed_config") or {},
+                               python=args.get("python"), pythonpath=args.get("pythonpath") or "",
+                               cache_dir=args.get("cache_dir", "~/.cache/trainyard/llamafactory-validate"),
+                               timeout=int(args.get("timeout", 300)))
+        if profile is None:
+            return verdict
+        entrypoint, found = str(args.get("entrypoint") or ""), None
+        if profile != "llamafactory":
+            probe = self._execute_module(module_name="job_files", module_args={"glob": [glob.escape(entrypoint)]},
+                                         task_vars=task_vars)
+            if probe.get("failed"):
+                return dict(failed=True, msg=f"looking for {entrypoint} on the node: {probe.get('msg')}")
+            found = bool((probe.get("globbed") or {}).get(glob.escape(entrypoint)))
+        records = train_args_records(profile, verdict, entrypoint, found, str(args.get("example") or ""),
+                                     bases.str_list(args.get("argv")), args.get("fix") or {},
+                                     len(args.get("config") or {}), len(bases.str_list(args.get("overrides"))),
+                                     str(args.get("config_file") or ""))
+        result = self.record(task_vars, *records)
+        result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "'publish'"))
+        return dict(result, **(verdict or {"ok": True, "errors": []}))

@@ -14,9 +14,13 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - "Runs on the controller only; the host is not contacted. Never fails by itself: it returns C(ok) and
-    C(errors) so the role can record the check in the preflight report and then stop."
+  - "Runs on the controller only; the host is not contacted. Records C(nccl_env.variables) itself and returns C(ok)
+    and C(errors) (the task writing the file refuses bad ones); fails only when I(model) or I(ifname) is missing."
 options:
+  model: {description: The cluster model of the host (C(cluster_model)); given, none or incomplete fails the task., type: dict}
+  ifname: {description: The data interface NCCL and gloo use; given, empty fails the task., type: str}
+  fix: {description: The fix of the C(nccl_env.variables) record., type: str, default: ""}
+  publish: {description: Facts to set on the host (the env file's path and the first launch's variables)., type: dict, default: {}}
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
     type: list
@@ -49,6 +53,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+preflight_record:
+  description: The C(nccl_env.variables) record (see the C(preflight_check) action).
+  returned: unless I(broken) is given
+  type: dict
 ok:
   description: Whether every name and value can be written.
   returned: always
@@ -74,12 +82,33 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
+def variables_record(env, errors, profile, fix=""):
+    """The nccl_env.variables record of the preflight report from build_env's answer."""
+    return {"check": "nccl_env.variables", "ok": not errors, "fix": fix,
+            "detail": "; ".join(errors) if errors else
+            f"{len(env)} variables, profile {profile}, NCCL_DEBUG={env.get('NCCL_DEBUG', 'unset')}",
+            "data": {"profile": profile, "drift": {"nccl_env_profile": profile}}}
+
+
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        host, model = task_vars.get("inventory_hostname"), args.get("model") or {}
+        broken = [f"{host}: cluster_model is not set. The validate play (playbooks/validate.yml, role cluster, "
+                  "tasks/validate.yml) computes it; run the render roles after it."] * (
+            "model" in args and not all(k in model for k in ("node_rank", "master_addr"))) + [
+            f"{host}: no data interface for NCCL_SOCKET_IFNAME: the network role did not set network_iface (did it "
+            "run in the prepare play?) and cluster_data_iface is empty. Run the network role first, or set "
+            "cluster_data_iface (or nccl_env_socket_ifname) to the interface of the data network."] * (
+            "ifname" in args and not args["ifname"])
+        if broken:
+            return dict(failed=True, msg=" ".join(broken))
         sections = args.get("sections")
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
         extra = bases.need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
         merged, env, errors = nccl_vars.build_env(sections, extra, bases.str_list(args.get("allow_unknown")),
                                                   str(args.get("profile") or ""))
-        return dict(ok=not errors, errors=errors, sections=merged, env=env)
+        profile = str(args.get("profile") or "")
+        result = self.record(task_vars, variables_record(env, errors, profile, str(args.get("fix") or "")))
+        result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "nccl_env_validate: 'publish'"))
+        return dict(result, ok=not errors, errors=errors, sections=merged, env=env)

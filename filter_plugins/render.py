@@ -1,29 +1,36 @@
 # -*- coding: utf-8 -*-
-"""Filters of the render play (roles nccl_env, deepspeed_config, train_args). Pure functions, importable by tests."""
+"""Filters of the render play (roles nccl_env, train_args; deepspeed_config builds in plugin_utils/ds_config.py). Pure functions, importable by tests."""
 
 from __future__ import annotations
 
 import base64
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, nccl_vars
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 
 
-def _slurped_text(registered):
-    """The text of a registered slurp result, or None when the file could not be read."""
-    if not isinstance(registered, dict) or registered.get("failed") or "content" not in registered:
+def _b64_text(content):
+    return base64.b64decode(content).decode("utf-8", errors="replace")
+
+
+def written_text(registered, path=None):
+    """The text of `path` (None: the only file) from a registered job_files result: the file it wrote (or, in check
+    mode, found), else the file it read back; None when the file is not there (or the task did not run)."""
+    if not isinstance(registered, dict) or registered.get("failed") or registered.get("skipped"):
         return None
-    return base64.b64decode(registered["content"]).decode("utf-8", errors="replace")
+    for entry in registered.get("files") or []:
+        if path in (None, entry.get("path")) and "content" in entry:
+            return _b64_text(entry["content"])
+    read = registered.get("read") or {}
+    content = read.get(path) if path is not None else next(iter(read.values()), None)
+    return None if content is None else _b64_text(content)
 
 
 def env_consistency(hosts, hostvars, per_node=nccl_vars.PER_NODE, expected_envs=None,
-                    slurp_var="__nccl_env_slurp"):
-    """hosts (rank order) → {host: {consistent, missing, digest, reference, reference_hosts, diff}}.
-
-    Reads each host's registered slurp of its env file from hostvars; expected_envs is the list (same order as
-    hosts) of each host's rendered env, for the per-node lines.
-    """
+                    registered_var="__nccl_env_write", path_var="nccl_env_file"):
+    """hosts (rank order) → {host: {consistent, missing, digest, reference, reference_hosts, diff}} of each host's
+    env file (its registered job_files result); expected_envs (hosts' order) is each host's env, for per-node lines."""
     hosts = list(hosts)
-    files = {h: _slurped_text(hostvars[h].get(slurp_var)) for h in hosts}
+    files = {h: written_text(hostvars[h].get(registered_var), hostvars[h].get(path_var)) for h in hosts}
     expected = dict(zip(hosts, expected_envs or []))
     return nccl_vars.consistency(files, list(per_node), expected)
 
@@ -47,101 +54,6 @@ def argv(options, extra=None):
             value = ",".join(str(v) for v in value)
         out.extend([option, str(value)])
     return out + extra
-
-
-def dict_diff_paths(base, other, prefix=""):
-    """Dotted paths where two nested dicts differ (for naming the host whose config differs)."""
-    paths: list[str] = []
-    if isinstance(base, dict) and isinstance(other, dict):
-        for key in sorted(set(base) | set(other), key=str):
-            paths += dict_diff_paths(base.get(key, "<absent>"), other.get(key, "<absent>"),
-                                     f"{prefix}.{key}" if prefix else str(key))
-    elif base != other:
-        paths.append(prefix or "<root>")
-    return paths
-
-
-GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-               "stage3_gather_fp16_weights_on_model_save")
-GATHER_VAR = "deepspeed_config_gather_16bit_weights_on_model_save"
-
-
-def _truthy(value):
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
-def ds_lora_gather(config, overrides=None, finetuning_type="lora", base_file=""):
-    """Whether a LoRA job's ZeRO-3 config gathers the 16-bit weights on save (else the saved adapter is empty).
-
-    Returns {status: pass|fail|skip, detail, variable}: variable names what turned it off (the user's override
-    path, the key of the user's base file, or deepspeed_config_gather_16bit_weights_on_model_save).
-    """
-    zero = (config or {}).get("zero_optimization") or {}
-    if str(finetuning_type).lower() != "lora":
-        return {"status": "skip", "variable": "", "detail": f"fine-tuning type {finetuning_type}: not a LoRA job"}
-    try:
-        stage = int(zero.get("stage", 0))
-    except (TypeError, ValueError):
-        stage = zero.get("stage")
-    if stage != 3:
-        return {"status": "skip", "variable": "",
-                "detail": f"ZeRO stage {stage}: parameters are not partitioned, nothing to gather on save"}
-    over = ((overrides or {}).get("zero_optimization") or {})
-    off = [k for k in GATHER_KEYS if k in zero and not _truthy(zero[k])]
-    if off or not any(_truthy(zero.get(k)) for k in GATHER_KEYS):
-        key = off[0] if off else GATHER_KEYS[0]
-        variable = (f"deepspeed_config_overrides.zero_optimization.{key}" if key in over
-                    else f"{base_file} key zero_optimization.{key}" if base_file else GATHER_VAR)
-        return {"status": "fail", "variable": variable,
-                "detail": f"LoRA under ZeRO-3 with zero_optimization.{key} = false (set by {variable}): "
-                          f"the saved adapter would be empty"}
-    on = next(k for k in GATHER_KEYS if _truthy(zero.get(k)))
-    return {"status": "pass", "variable": "", "detail": f"LoRA under ZeRO-3: zero_optimization.{on} is true"}
-
-
-def ds_build(generated, overrides=None, user_config=None, base_file="", wants=None):
-    """The DeepSpeed config to write, and what the product added to what the user gave.
-
-    With base_file (the user's ds_config.json, already parsed into user_config) the user's config is the base:
-    the product adds only what wants asks for and the config leaves unset (ds_config.additions); without it,
-    `generated` (built from the deepspeed_config_* variables) is the base. deepspeed_config_overrides is merged
-    last either way, alias-aware (a key replaces every DeepSpeed spelling of the same field). Returns
-    {config, added: [{key, value, why}], kept: [text], overridden: [paths], duplicates: [text], source}.
-    """
-    overrides = overrides or {}
-    wants = wants or {}
-    if base_file:
-        result = ds_config.additions(user_config or {}, wants, base_file)
-        base, added, kept = result["config"], result["added"], result["kept"]
-        duplicates = ds_config.duplicate_spellings(user_config or {})
-    else:
-        base, added, kept, duplicates = generated or {}, [], [], []
-        mode, key = ds_config.precision(overrides)
-        _, bf16 = ds_config.find(base, "bf16.enabled")
-        if mode == "fp16" and ds_config._enabled(bf16) is True:
-            base = {k: v for k, v in base.items() if k not in ds_config.spellings("", "bf16")}
-            kept.append(f"deepspeed_config_overrides sets {key}: bf16 from deepspeed_config_bf16 left out "
-                        f"(DeepSpeed refuses fp16 and bf16 together)")
-    config = ds_config.alias_combine(base, overrides)
-    overridden = [p for p in _leaf_paths(overrides)]
-    return {"config": config, "added": added, "kept": kept, "overridden": overridden, "duplicates": duplicates,
-            "source": base_file or "deepspeed_config_* variables"}
-
-
-def _leaf_paths(node, prefix=""):
-    if isinstance(node, dict) and node:
-        out = []
-        for key, value in node.items():
-            out += _leaf_paths(value, f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return [prefix] if prefix else []
-
-
-def ds_load(text, source):
-    """{ok, config, error} of the user's ds_config.json text (read on the controller)."""
-    return ds_config.load(text, source)
 
 
 _FABRIC_FIX = {
@@ -245,14 +157,25 @@ def nccl_fabric(profile, rdma_devices=(), link_layers=None, missing_nics=(), plu
     return {"status": "pass", "detail": f"profile {profile}: " + "; ".join(seen), "fix": ""}
 
 
+def nccl_fabric_probe(profile, probe, plugin=None, gpu_nics="", plugin_dir="", ib_hca="", ifname=""):
+    """nccl_fabric's verdict from the env-file task's job_files answer (globbed interfaces, read link layers)."""
+    probe = probe if isinstance(probe, dict) and not probe.get("failed") and not probe.get("skipped") else {}
+    names = {pattern: [p.rsplit("/", 1)[-1] for p in paths] for pattern, paths in (probe.get("globbed") or {}).items()}
+    net = names.get("/sys/class/net/*")
+    layers = {path.split("/")[-4]: _b64_text(content).strip() for path, content in (probe.get("read") or {}).items()
+              if path.startswith("/sys/class/infiniband/") and path.endswith("/ports/1/link_layer")}
+    plugin = plugin if isinstance(plugin, dict) and not plugin.get("skipped") else {}
+    missing = [n for n in str(gpu_nics or "").split(",") if n and n not in net] if net is not None else []
+    return nccl_fabric(profile, names.get("/sys/class/infiniband/*", []), layers, missing, plugin, plugin_dir,
+                       ib_hca, ifname, net)
+
+
 class FilterModule:
     def filters(self):
         return {
             "trainyard_env_consistency": env_consistency,
             "trainyard_argv": argv,
-            "trainyard_dict_diff_paths": dict_diff_paths,
-            "trainyard_ds_lora_gather": ds_lora_gather,
-            "trainyard_ds_build": ds_build,
             "trainyard_nccl_fabric": nccl_fabric,
-            "trainyard_ds_load": ds_load,
+            "trainyard_nccl_fabric_probe": nccl_fabric_probe,
+            "trainyard_written_text": written_text,
         }

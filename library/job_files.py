@@ -51,6 +51,9 @@ options:
     description: Return each file's bytes on disk (base64) after the call.
     type: bool
     default: false
+  refuse: {description: "Reasons not to touch the node: given, the module fails with them (one a line) before anything.", type: list, elements: str, default: []}
+  glob: {description: "Patterns (C(/sys/class/net/*)) whose matches are returned: read-only probes in the same call.", type: list, elements: str, default: []}
+  read: {description: Patterns of small files (1 MiB at most) read back after the writes., type: list, elements: str, default: []}
 author: trainyard
 """
 
@@ -89,9 +92,12 @@ links:
   returned: always
   type: list
   elements: dict
+globbed: {description: "C({pattern: [matches, sorted]}).", returned: always, type: dict}
+read: {description: "C({path: bytes, base64}) of each file matching I(read).", returned: always, type: dict}
 """
 
 import base64
+import glob
 import hashlib
 import os
 import stat
@@ -200,11 +206,16 @@ def main():
             files=dict(type="list", elements="dict", default=[]),
             links=dict(type="list", elements="dict", default=[]),
             return_content=dict(type="bool", default=False),
+            refuse=dict(type="list", elements="str", default=[]),
+            glob=dict(type="list", elements="str", default=[]),
+            read=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
     check = module.check_mode
-    result = dict(changed=False, directories=[], files=[], links=[])
+    result = dict(changed=False, directories=[], files=[], links=[], globbed={}, read={})
+    if module.params["refuse"]:
+        module.fail_json(msg="\n".join(module.params["refuse"]), **result)
     diffs = []
     try:
         for i, d in enumerate(module.params["directories"]):
@@ -252,6 +263,11 @@ def main():
             changed = ensure_link(str(path), str(target), check)
             result["links"].append(dict(path=str(path), changed=changed))
             result["changed"] |= changed
+        result["globbed"] = {p: sorted(glob.glob(p)) for p in module.params["glob"]}
+        for path in sorted({f for p in module.params["read"] for f in glob.glob(p)}):
+            if os.path.isfile(path) and os.path.getsize(path) <= 1 << 20:
+                with open(path, "rb") as f:
+                    result["read"][path] = base64.b64encode(f.read()).decode("ascii")
     except (OSError, ValueError) as e:
         module.fail_json(msg=str(e), **result)
     if diffs:

@@ -1,6 +1,7 @@
 """Bring your own config: real DeepSpeed configs and cloud NCCL settings (tests/data/byo/, sources in its README)
 go in unchanged, known-bad ones are refused with the right reason, and env-file values round-trip exactly."""
 
+import base64
 import json
 import re
 import shlex
@@ -50,7 +51,7 @@ def test_the_corpus_is_there():
 @pytest.mark.parametrize("path", DS_FILES, ids=lambda p: p.name)
 def test_real_config_goes_in_unchanged_and_deepspeed_accepts_it(path, cache):
     user = json.loads(path.read_text())
-    built = render.ds_build({"unused": 1}, {}, user, str(path), WANTS)
+    built = ds_config.build({"unused": 1}, {}, user, str(path), WANTS)
     config = built["config"]
     # every key and value of the user's file is there, untouched; what was added is listed, and only new keys
     leaves, user_leaves = _leaves(config), _leaves(user)
@@ -70,7 +71,7 @@ def test_real_config_goes_in_unchanged_and_deepspeed_accepts_it(path, cache):
 
 def test_short_field_names_get_no_stage3_twin_and_overrides_replace_the_users_spelling():
     user = json.loads((BYO / "deepspeed" / "axolotl_zero3.json").read_text())
-    built = render.ds_build({}, {"zero_optimization": {"stage3_max_live_parameters": 5}}, user, "z3.json", WANTS)
+    built = ds_config.build({}, {"zero_optimization": {"stage3_max_live_parameters": 5}}, user, "z3.json", WANTS)
     zero = built["config"]["zero_optimization"]
     assert zero["stage3_max_live_parameters"] == 5 and "max_live_parameters" not in zero
     assert "stage3_gather_16bit_weights_on_model_save" not in zero and zero["gather_16bit_weights_on_model_save"]
@@ -80,7 +81,7 @@ def test_short_field_names_get_no_stage3_twin_and_overrides_replace_the_users_sp
 
 def test_fp16_config_gets_no_bf16_and_the_report_says_why():
     user = json.loads((BYO / "deepspeed" / "transformers_ds_config_zero3.json").read_text())
-    built = render.ds_build({}, {}, user, "ds_config_zero3.json", WANTS)
+    built = ds_config.build({}, {}, user, "ds_config_zero3.json", WANTS)
     assert "bf16" not in built["config"] and built["config"]["optimizer"] == user["optimizer"]
     assert any("precision from ds_config_zero3.json (fp16.enabled: fp16)" in k for k in built["kept"])
     # the deprecated fp16 gather spelling counts as set: no second spelling added
@@ -88,7 +89,7 @@ def test_fp16_config_gets_no_bf16_and_the_report_says_why():
 
 
 def test_no_precision_is_decided_and_said():
-    built = render.ds_build({}, {}, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}},
+    built = ds_config.build({}, {}, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}},
                             "mine.json", WANTS)
     assert built["config"]["bf16"] == {"enabled": True}
     assert [a["key"] for a in built["added"]] == ["bf16.enabled", "checkpoint.use_node_local_storage"]
@@ -97,7 +98,7 @@ def test_no_precision_is_decided_and_said():
 
 
 def test_variables_mode_fp16_override_drops_the_default_bf16_and_says_so():
-    built = render.ds_build({"bf16": {"enabled": True}, "zero_optimization": {"stage": 3,
+    built = ds_config.build({"bf16": {"enabled": True}, "zero_optimization": {"stage": 3,
                                                                               "stage3_max_live_parameters": 1}},
                             {"fp16": {"enabled": True}, "zero_optimization": {"max_live_parameters": 2}})
     assert "bf16" not in built["config"] and built["config"]["fp16"] == {"enabled": True}
@@ -141,7 +142,7 @@ def test_unrelated_unknown_key_gets_no_hint(cache):
 
 
 def test_lora_gather_off_names_the_file_and_key():
-    v = render.ds_lora_gather(_bad("lora_gather_off.json"), {}, "lora", "/home/me/z3.json")
+    v = ds_config.lora_gather(_bad("lora_gather_off.json"), {}, "lora", "/home/me/z3.json")
     assert v["status"] == "fail"
     assert "/home/me/z3.json key zero_optimization.gather_16bit_weights_on_model_save" in v["detail"]
 
@@ -284,6 +285,25 @@ def test_fabric_verdicts(args, status, text):
     assert v["status"] == status and text in v["detail"], v
     if status == "fail":
         assert v["fix"] and "tcp" not in v["fix"].split("profile")[-1].split()[:1]
+
+
+def test_fabric_verdict_from_the_env_file_task_s_own_probe():
+    """The env-file task's job_files glob/read answer stands in for the separate find/slurp/stat probes."""
+    b64 = lambda t: base64.b64encode(t.encode()).decode()  # noqa: E731
+    probe = {"globbed": {"/sys/class/net/*": ["/sys/class/net/eth1", "/sys/class/net/lo"],
+                         "/sys/class/infiniband/*": ["/sys/class/infiniband/mlx5_0", "/sys/class/infiniband/mlx5_1"]},
+             "read": {"/sys/class/infiniband/mlx5_0/ports/1/link_layer": b64("InfiniBand\n"),
+                      "/sys/class/infiniband/mlx5_1/ports/1/link_layer": b64("Ethernet\n")}}
+    assert render.nccl_fabric_probe("tcp", probe, ifname="eth1")["status"] == "pass"
+    assert render.nccl_fabric_probe("tcp", probe, ifname="eth9")["status"] == "fail"
+    assert render.nccl_fabric_probe("tcp", {"skipped": True}, ifname="eth1")["status"] == "skip"
+    v = render.nccl_fabric_probe("roce", probe)
+    assert v["status"] == "pass" and "mlx5_0, mlx5_1" in v["detail"], v
+    v = render.nccl_fabric_probe("ib", dict(probe, read={}), ib_hca="mlx5_0:1")
+    assert v["status"] == "pass", v
+    v = render.nccl_fabric_probe("gcp-tcpx", probe, {"rc": 0, "stdout": "/usr/local/tcpx/lib64/libnccl-net.so"},
+                                 "eth1,eth2")
+    assert v["status"] == "fail" and "GPU NICs missing: eth2" in v["detail"], v
 
 
 def test_a_value_pasted_with_its_shell_quotes_is_refused_with_the_reason():

@@ -20,6 +20,36 @@ BASE = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps":
                               "reduce_bucket_size": "auto", "stage3_gather_16bit_weights_on_model_save": True}}
 
 
+def test_each_node_builds_its_file_text_and_the_play_validates_each_distinct_config_once():
+    """ds_config.render gives the file's text (to_nice_json's layout) and the LoRA check; validate_hosts compares the
+    nodes in one pass and runs the validation once per distinct config, not once per node."""
+    from ansible.plugins.filter.core import to_nice_json
+
+    from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
+
+    built = ds_config.render(BASE, {}, finetuning_type="lora")
+    assert built["content"] == to_nice_json(BASE, indent=2) + "\n" and built["lora"]["status"] == "pass"
+    with pytest.raises(ValueError, match="nope.json cannot be read"):
+        ds_config.render({}, {}, "nope.json", "")
+    other = ds_config.render({**BASE, "steps_per_print": 1}, {})
+    hosts = [f"node{i}" for i in range(1, 1025)]
+    builts = [built] * 1023 + [other]
+    contents = [b["content"] for b in builts]
+    runs = []
+    answer = dv.validate_hosts(hosts, builts, lambda cfg: runs.append(cfg) or {"ok": True, "errors": [],
+                                                                                "deepspeed_version": "0.1"})
+    assert len(runs) == 2 and answer["configs_validated"] == 2
+    assert answer["hosts"]["node1024"]["differs"] == ["steps_per_print"]
+    assert answer["hosts"]["node1"]["differs"] == [] and answer["hosts"]["node1"]["ok"]
+    assert answer["majority"] == ds_config.compare(hosts[:1], contents[:1])["majority"]
+    rec = answer["records"]["node2"]
+    assert [(r["check"], r["status"]) for r in rec] == [("deepspeed_config.lora_gather", "pass"),
+                                                        ("deepspeed_config.valid", "pass")]
+    assert rec[1]["detail"] == 'profile , accepted by DeepSpeed 0.1, "auto" filled by trainer'
+    off = dv.validate_hosts(hosts, builts, None, enabled=False)
+    assert off["configs_validated"] == 0 and off["records"]["node1"][1]["status"] == "skip"
+
+
 def test_fill_auto_replaces_only_hf_filled_fields():
     filled, errors = dv.fill_auto(BASE)
     assert errors == []

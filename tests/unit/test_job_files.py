@@ -122,3 +122,22 @@ def test_an_existing_directory_never_has_its_mode_changed_unless_it_is_enforced_
     new = tmp_path / "new" / "dir"
     r = run({"directories": [{"path": str(new), "mode": "0700"}]})
     assert r["changed"] and mode(new) == 0o700 and r["directories"][0]["created"]
+
+
+def test_refuse_touches_nothing_and_glob_read_probe_in_the_same_call(tmp_path: Path):
+    d = tmp_path / "job"
+    r = run({"directories": [{"path": str(d)}], "files": [{"path": str(d / "x"), "content": "x"}],
+             "refuse": ["node1: LoRA under ZeRO-3 would save an empty adapter", "second reason"]})
+    assert r["failed"] and r["msg"] == "node1: LoRA under ZeRO-3 would save an empty adapter\nsecond reason", r
+    assert not d.exists()
+    (tmp_path / "net" / "eth1").mkdir(parents=True)
+    (tmp_path / "net" / "lo").mkdir()
+    (tmp_path / "ib" / "mlx5_0" / "ports" / "1").mkdir(parents=True)
+    (tmp_path / "ib" / "mlx5_0" / "ports" / "1" / "link_layer").write_text("InfiniBand\n")
+    r = run({"glob": [str(tmp_path / "net" / "*"), str(tmp_path / "none" / "*")],
+             "read": [str(tmp_path / "ib" / "*" / "ports" / "1" / "link_layer"), str(tmp_path / "missing")]})
+    assert not r["changed"]
+    assert r["globbed"] == {str(tmp_path / "net" / "*"): [str(tmp_path / "net" / "eth1"), str(tmp_path / "net" / "lo")],
+                            str(tmp_path / "none" / "*"): []}
+    assert {k: base64.b64decode(v) for k, v in r["read"].items()} == {
+        str(tmp_path / "ib" / "mlx5_0" / "ports" / "1" / "link_layer"): b"InfiniBand\n"}

@@ -2,6 +2,7 @@
 
 import pytest
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
 from conftest import adhoc, load
 
@@ -138,8 +139,8 @@ def test_argv_from_options_and_extras():
 
 
 def test_dict_diff_paths():
-    assert render.dict_diff_paths({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["a.c", "a.d"]
-    assert render.dict_diff_paths({"a": 1}, {"a": 1}) == []
+    assert ds_config.diff_paths({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["a.c", "a.d"]
+    assert ds_config.diff_paths({"a": 1}, {"a": 1}) == []
 
 
 @pytest.mark.parametrize("zero,ft,overrides,status,variable", [
@@ -156,7 +157,7 @@ def test_dict_diff_paths():
     ({"stage": 2}, "lora", {}, "skip", ""),
 ])
 def test_lora_gather_rule(zero, ft, overrides, status, variable):
-    r = render.ds_lora_gather({"zero_optimization": zero}, overrides, ft)
+    r = ds_config.lora_gather({"zero_optimization": zero}, overrides, ft)
     assert r["status"] == status and r["variable"] == variable
 
 
@@ -170,3 +171,23 @@ def test_the_action_runs_on_the_controller_and_answers_without_a_change():
     assert r["changed"] is False and r["ok"] is True and r["env"] == {"NCCL_DEBUG": "WARN", "MYLAB_X": "1"}, r
     r = adhoc("nccl_env_validate", {"sections": sections, "extra": ["NCCL_DEBUG=INFO"]})
     assert r.get("failed") and r["msg"] == "nccl_env_extra (NAME: value) must be a dict, not list", r
+
+
+def test_the_action_records_its_check_publishes_facts_and_stops_on_what_is_missing():
+    """nccl_env_validate records nccl_env.variables itself (no task of its own), sets the facts it is given, and
+    fails naming what is missing (the cluster model, the data interface) before building."""
+    sections = [{"title": "t", "vars": {"NCCL_DEBUG": "WARN"}}]
+    ok = {"model": {"node_rank": 0, "master_addr": "10.0.0.1"}, "ifname": "eth1"}
+    r = adhoc("nccl_env_validate", {**ok, "sections": sections, "extra": {"NCCL_DEBGU": "INFO"}, "profile": "tcp",
+                                    "fix": "Correct the names", "publish": {"nccl_env_file": "/x/nccl.env"}})
+    rec = r["preflight_record"]
+    assert rec["check"] == "nccl_env.variables" and rec["status"] == "fail" and "NCCL_DEBUG" in rec["detail"], r
+    assert rec["fix"] == "Correct the names" and rec["data"]["drift"] == {"nccl_env_profile": "tcp"}
+    assert r["ansible_facts"]["nccl_env_file"] == "/x/nccl.env"
+    assert [x["check"] for x in r["ansible_facts"]["preflight_results"]] == ["nccl_env.variables"]
+    r = adhoc("nccl_env_validate", {**ok, "sections": sections, "profile": "tcp"})
+    assert r["preflight_record"]["status"] == "pass"
+    assert r["preflight_record"]["detail"] == "1 variables, profile tcp, NCCL_DEBUG=WARN", r
+    r = adhoc("nccl_env_validate", {"sections": [], "model": {"node_rank": 0}, "ifname": ""})
+    assert r["failed"] and "preflight_record" not in r, r
+    assert r["msg"].startswith("localhost: cluster_model is not set.") and "localhost: no data interface" in r["msg"]

@@ -1,8 +1,11 @@
 """Role train_args run by the real ansible-playbook: the entry point and its argument list (a list, never a shell
 string) for both profiles, user extras replacing profile options, and wrong shapes refused."""
 
+import os
+import sys
+
 from render_local import LocalCluster
-from conftest import REPO
+from conftest import REPO, load
 
 
 def _pairs(argv):
@@ -99,3 +102,48 @@ def test_wrong_shapes_stop_in_validation():
     assert "train_args_profile llamafactory lacks its inputs" in problems(train_args_profile="llamafactory")
     assert "train_args_entrypoint is not an absolute path" in problems(train_args_entrypoint="train.py")
     assert "not key=value overrides" in problems(**dict(LLAMAFACTORY, train_args_extra=["--seed", "42"]))
+
+
+def test_parallel_nodes_validate_one_distinct_config_once(tmp_path):
+    """plugin_utils/python_child.run_cached: the nodes' tasks (parallel forks) ask for the same config; one child
+    runs, the others wait on its lock and read the cached answer."""
+    import threading
+
+    from ansible_collections.trainyard.core.plugins.plugin_utils import python_child
+
+    script = tmp_path / "child.py"
+    runs = tmp_path / "runs"
+    script.write_text("import json, sys, time\nopen(%r, 'a').write('x')\ntime.sleep(0.5)\n"
+                      "print(json.dumps({'ok': True, 'errors': [], 'v': '1'}))\n" % str(runs))
+    out = []
+
+    def ask():
+        out.append(python_child.run_cached(sys.executable, str(script), {}, ["same"], cache_dir=str(tmp_path / "c"),
+                                           timeout=60, env=dict(os.environ), what="X", version_key="v"))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert runs.read_text() == "x" and sorted(r["cached"] for r in out) == [False] + [True] * 5
+
+
+def test_train_args_records():
+    lf = load("action_plugins/llamafactory_validate.py", "llamafactory_validate_records")
+    fix = {"entrypoint": "put it there", "llamafactory_config": "correct it"}
+    recs = lf.train_args_records("generic", None, "/c/t.py", False, "/c/ddp_train.py", ["--a", "1"], fix)
+    assert [(r["check"], r["status"]) for r in recs] == [("train_args.entrypoint", "warn")]
+    assert recs[0]["detail"] == "/c/t.py not on the node yet; 2 arguments (generic)" and recs[0]["fix"] == "put it there"
+    recs = lf.train_args_records("generic", None, "/c/ddp_train.py", False, "/c/ddp_train.py", [], fix)
+    assert recs[0]["status"] == "skip" and "launch role copies its example" in recs[0]["detail"]
+    assert lf.train_args_records("generic", None, "/c/t.py", True, "", [], fix)[0]["status"] == "pass"
+    recs = lf.train_args_records("llamafactory", {"ok": False, "errors": ["bad key"]}, "llamafactory.launcher", None,
+                                 "", ["/c/lf.yaml"], fix, 3, 1, "/c/lf.yaml")
+    assert [(r["check"], r["status"], r["detail"]) for r in recs][0] == ("train_args.llamafactory_config", "fail",
+                                                                         "bad key")
+    assert recs[1]["status"] == "skip" and "Python module" in recs[1]["detail"]
+    ok = lf.train_args_records("llamafactory", {"ok": True, "errors": [], "llamafactory_version": "0.9"}, "m", None,
+                               "", [], fix, 3, 1, "/c/lf.yaml")[0]
+    assert ok["detail"] == "accepted by LLaMA-Factory 0.9 (3 keys, 1 overrides)" and ok["data"] == {"config_file": "/c/lf.yaml"}
+    assert lf.train_args_records("llamafactory", None, "m", None, "", [], fix)[0]["status"] == "skip"

@@ -26,6 +26,15 @@ class ControllerAction(ActionBase):
         result.update(self.decide(self._task.args, task_vars or {}))
         return result
 
+    def record(self, task_vars, *records):
+        """preflight_check's result recording `records` for this host: an action records its checks itself."""
+        from ansible.plugins.loader import action_loader
+
+        recorder = action_loader.get("preflight_check", task=self._task, connection=self._connection,
+                                     play_context=self._play_context, loader=self._loader, templar=self._templar,
+                                     shared_loader_obj=self._shared_loader_obj)
+        return recorder.decide({"records": list(records)}, task_vars)
+
 
 def str_list(value):
     """An argument given as one string or a list of them, as a list ([] for none)."""

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 """DeepSpeed configs the user brings: field aliases, "auto" fillers, and merging the product's additions.
 
-Pure functions, stdlib only, used on the controller by filter_plugins/render.py (building ds_config.json) and
-action_plugins/deepspeed_validate.py (the "auto" rules); unit-tested in tests/unit/test_deepspeed_byo.py against
+Pure functions, stdlib only, used on the controller by action_plugins/deepspeed_validate.py (building
+ds_config.json, once per distinct config the "auto" rules and the comparison of the nodes); unit-tested in tests/unit/test_deepspeed_byo.py against
 DeepSpeed's own classes and a corpus of real configs (tests/data/byo/deepspeed/).
 
 Where the tables come from:
@@ -33,6 +33,7 @@ Where the tables come from:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars  # the shared "did you mean" rule
@@ -307,3 +308,141 @@ def auto_errors(config, filler, source="the config"):
             errors.append(f"{source} key {path}: \"auto\" is filled by neither the Hugging Face Trainer nor "
                           f"Accelerate; give a value{hint}")
     return errors
+
+
+def diff_paths(base, other, prefix=""):
+    """Dotted paths where two nested dicts differ (for naming the host whose config differs)."""
+    paths: list[str] = []
+    if isinstance(base, dict) and isinstance(other, dict):
+        for key in sorted(set(base) | set(other), key=str):
+            paths += diff_paths(base.get(key, "<absent>"), other.get(key, "<absent>"),
+                                     f"{prefix}.{key}" if prefix else str(key))
+    elif base != other:
+        paths.append(prefix or "<root>")
+    return paths
+
+
+GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+               "stage3_gather_fp16_weights_on_model_save")
+GATHER_VAR = "deepspeed_config_gather_16bit_weights_on_model_save"
+
+
+def lora_gather(config, overrides=None, finetuning_type="lora", base_file=""):
+    """Whether a LoRA job's ZeRO-3 config gathers the 16-bit weights on save (else the saved adapter is empty).
+
+    Returns {status: pass|fail|skip, detail, variable}: variable names what turned it off (the user's override
+    path, the key of the user's base file, or deepspeed_config_gather_16bit_weights_on_model_save).
+    """
+    zero = (config or {}).get("zero_optimization") or {}
+    if str(finetuning_type).lower() != "lora":
+        return {"status": "skip", "variable": "", "detail": f"fine-tuning type {finetuning_type}: not a LoRA job"}
+    try:
+        stage = int(zero.get("stage", 0))
+    except (TypeError, ValueError):
+        stage = zero.get("stage")
+    if stage != 3:
+        return {"status": "skip", "variable": "",
+                "detail": f"ZeRO stage {stage}: parameters are not partitioned, nothing to gather on save"}
+    over = ((overrides or {}).get("zero_optimization") or {})
+    off = [k for k in GATHER_KEYS if k in zero and _enabled(zero[k]) is not True]
+    if off or not any(_enabled(zero.get(k)) is True for k in GATHER_KEYS):
+        key = off[0] if off else GATHER_KEYS[0]
+        variable = (f"deepspeed_config_overrides.zero_optimization.{key}" if key in over
+                    else f"{base_file} key zero_optimization.{key}" if base_file else GATHER_VAR)
+        return {"status": "fail", "variable": variable,
+                "detail": f"LoRA under ZeRO-3 with zero_optimization.{key} = false (set by {variable}): "
+                          f"the saved adapter would be empty"}
+    on = next(k for k in GATHER_KEYS if _enabled(zero.get(k)) is True)
+    return {"status": "pass", "variable": "", "detail": f"LoRA under ZeRO-3: zero_optimization.{on} is true"}
+
+
+def build(generated, overrides=None, user_config=None, base_file="", wants=None):
+    """The DeepSpeed config to write, and what the product added to what the user gave.
+
+    With base_file (the user's json, already parsed into user_config) the user's config is the base:
+    the product adds only what wants asks for and the config leaves unset (additions); without it,
+    `generated` (built from the deepspeed_config_* variables) is the base. deepspeed_config_overrides is merged
+    last either way, alias-aware (a key replaces every DeepSpeed spelling of the same field). Returns
+    {config, added: [{key, value, why}], kept: [text], overridden: [paths], duplicates: [text], source}.
+    """
+    overrides = overrides or {}
+    wants = wants or {}
+    if base_file:
+        result = additions(user_config or {}, wants, base_file)
+        base, added, kept = result["config"], result["added"], result["kept"]
+        duplicates = duplicate_spellings(user_config or {})
+    else:
+        base, added, kept, duplicates = generated or {}, [], [], []
+        mode, key = precision(overrides)
+        _, bf16 = find(base, "bf16.enabled")
+        if mode == "fp16" and _enabled(bf16) is True:
+            base = {k: v for k, v in base.items() if k not in spellings("", "bf16")}
+            kept.append(f"deepspeed_config_overrides sets {key}: bf16 from deepspeed_config_bf16 left out "
+                        f"(DeepSpeed refuses fp16 and bf16 together)")
+    config = alias_combine(base, overrides)
+    overridden = [p for p in _leaf_paths(overrides)]
+    return {"config": config, "added": added, "kept": kept, "overridden": overridden, "duplicates": duplicates,
+            "source": base_file or "deepspeed_config_* variables"}
+
+
+def _leaf_paths(node, prefix=""):
+    if isinstance(node, dict) and node:
+        out = []
+        for key, value in node.items():
+            out += _leaf_paths(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [prefix] if prefix else []
+
+
+def render(generated, overrides=None, base_file="", base_text="", wants=None, finetuning_type="lora", profile=""):
+    """One node's config: build()'s answer with the LoRA save check (lora_gather), the file's text (content,
+    to_nice_json's layout) and its label for the report. A base_file that cannot be read raises ValueError."""
+    user = {}
+    if base_file:
+        loaded = load(base_text, base_file)
+        if not loaded["ok"]:
+            raise ValueError(loaded["error"])
+        user = loaded["config"]
+    built = build(generated, overrides, user, base_file, wants)
+    built["lora"] = lora_gather(built["config"], overrides, finetuning_type, base_file)
+    built["content"] = json.dumps(built["config"], indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
+    built["label"], built["drift"] = ((f"from {base_file}", "file " + base_file.rsplit("/", 1)[-1]) if base_file
+                                      else (f"profile {profile}", profile))
+    return built
+
+
+def records(built, verdict, version="", auto_filler="trainer"):
+    """The node's deepspeed_config.lora_gather and deepspeed_config.valid records (verdict None: not validated)."""
+    lora, added, kept = built["lora"], built["added"], built["kept"]
+    detail = ("deepspeed_config_validate is false" if verdict is None else "; ".join(verdict["errors"])
+              if not verdict["ok"] else f'{built["label"]}, accepted by DeepSpeed {version or "?"}, "auto" filled by '
+              f'{auto_filler}' + "".join([", added: " + ", ".join(a["key"] for a in added)] * bool(added))
+              + "".join([", " + "; ".join(kept)] * bool(kept)))
+    return [{"check": "deepspeed_config.lora_gather", "status": lora["status"], "detail": lora["detail"],
+             "fix": f"Remove {lora['variable']} (or set it to true): with LoRA under ZeRO-3, "
+                    "stage3_gather_16bit_weights_on_model_save must be true or the saved adapter is empty."},
+            {"check": "deepspeed_config.valid", "status": "skip" if verdict is None else
+             "pass" if verdict["ok"] else "fail", "detail": detail,
+             "fix": "Correct the key named above in deepspeed_config_base_file or deepspeed_config_overrides (or the "
+                    "deepspeed_config_* variable that sets it); a top-level key another tool reads goes in "
+                    'deepspeed_config_allow_unknown_keys; an "auto" goes with the integration that fills it '
+                    "(deepspeed_config_auto_filler).",
+             "data": {"source": built["source"], "added": added, "kept": kept, "overridden": built["overridden"],
+                      "duplicate_spellings": built["duplicates"], "auto_filler": auto_filler,
+                      "drift": {"deepspeed_config_profile": built["drift"]}}}]
+
+
+def compare(hosts, contents):
+    """The nodes' texts side by side, O(n): {digest: {host: sha256}, distinct: {digest: its first host}, majority,
+    differs: {host: [dotted paths where it differs from the first host]}}."""
+    hosts, contents = list(hosts), list(contents)
+    digests = {h: hashlib.sha256(c.encode("utf-8")).hexdigest() for h, c in zip(hosts, contents)}
+    distinct, counts = {}, {}
+    for h in hosts:
+        distinct.setdefault(digests[h], h)
+        counts[digests[h]] = counts.get(digests[h], 0) + 1
+    majority = max(counts, key=lambda d: (counts[d], -hosts.index(distinct[d]))) if counts else ""
+    first = json.loads(contents[0]) if hosts else {}
+    by = dict(zip(hosts, contents))
+    differs = {h: diff_paths(first, json.loads(by[h])) for h in hosts if digests[h] != digests[hosts[0]]}
+    return {"digest": digests, "distinct": distinct, "majority": majority, "differs": differs}

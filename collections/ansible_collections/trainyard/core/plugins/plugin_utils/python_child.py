@@ -10,6 +10,8 @@ The child finds this collection on PYTHONPATH (``child_env``), as plain Python n
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -50,30 +52,37 @@ def run_cached(python: str, script: str, request: dict, key: list, *, cache_dir:
         me = hashlib.sha256(fh.read()).hexdigest()
     digest = hashlib.sha256(json.dumps([*key, me], sort_keys=True, default=str).encode()).hexdigest()
     path = os.path.join(os.path.expanduser(cache_dir), f"{digest}.json") if cache_dir else ""
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            result = json.load(fh)
-        result["cached"] = True
-        return result
-    try:
-        proc = subprocess.run([python, script], input=json.dumps(request), capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "errors": [f"{what} validation took over {timeout}s on the controller"], "cached": False}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        return {"ok": False, "errors": [f"{what} validation did not run (rc {proc.returncode}): {tail}"],
-                "cached": False}
-    result = json.loads(lines[-1])
-    if path and version_key in result:
+    if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(result, fh)
-        os.replace(tmp, path)
-    result["cached"] = False
-    return result
+    # One child per distinct request: the nodes' tasks run in parallel forks; the first to take the lock runs the
+    # child, the others read its cached answer.
+    with open(f"{path}.lock", "a", encoding="utf-8") if path else contextlib.nullcontext() as lock:
+        if path:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                result = json.load(fh)
+            result["cached"] = True
+            return result
+        try:
+            proc = subprocess.run([python, script], input=json.dumps(request), capture_output=True, text=True,
+                                  timeout=timeout, env=env, check=False)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "errors": [f"{what} validation took over {timeout}s on the controller"],
+                    "cached": False}
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+            return {"ok": False, "errors": [f"{what} validation did not run (rc {proc.returncode}): {tail}"],
+                    "cached": False}
+        result = json.loads(lines[-1])
+        if path and version_key in result:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(result, fh)
+            os.replace(tmp, path)
+        result["cached"] = False
+        return result
 
 
 def child_main(validate, missing) -> None:
