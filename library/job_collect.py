@@ -86,6 +86,7 @@ from ansible_collections.trainyard.core.plugins.module_utils.job_collect import 
     redact_file,
     safe_read,
 )
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
@@ -301,9 +302,7 @@ class Collector(object):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            job=dict(type="str", required=True),
-            state_root=dict(type="path", default="/var/lib/trainyard"),
+        argument_spec=pg.job_args(
             container=dict(type="str", default=""),
             since=dict(type="float", default=0),
             log_max_bytes=dict(type="int", default=4 << 20),

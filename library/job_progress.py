@@ -77,9 +77,7 @@ def sigusr1_caught(pid):
 
 def main():
     m = AnsibleModule(
-        argument_spec=dict(
-            job=dict(type="str", required=True),
-            state_root=dict(type="path", default="/var/lib/trainyard"),
+        argument_spec=pg.job_args(
             container=dict(type="str", default=""),
             stacks=dict(type="bool", default=False),
             py_spy=dict(type="str", default=""),

@@ -572,9 +572,7 @@ class Reset(object):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            job=dict(type="str", required=True),
-            state_root=dict(type="path", default="/var/lib/trainyard"),
+        argument_spec=pg.job_args(
             launch_state=dict(type="dict"),
             port=dict(type="int", default=0),
             patterns=dict(type="dict", default={

@@ -867,10 +867,8 @@ class Launch(object):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
+        argument_spec=pg.job_args(
             state=dict(type="str", default="started", choices=["started", "stopped", "status"]),
-            job=dict(type="str", required=True),
-            state_root=dict(type="path", default="/var/lib/trainyard"),
             nnodes=dict(type="int"),
             nproc_per_node=dict(type="int"),
             node_rank=dict(type="int"),

@@ -50,6 +50,13 @@ class ProcStat(object):
         return "ProcStat(%r)" % (self.as_dict(),)
 
 
+def job_args(**more):
+    """The argument spec of a module that works in one job's node-local state directory (doc fragment
+    trainyard.core.attributes.job), with the module's own options."""
+    return dict(job=dict(type="str", required=True), state_root=dict(type="path", default="/var/lib/trainyard"),
+                **more)
+
+
 def parse_stat(text):
     """Parse the text of /proc/PID/stat. The command name sits in parentheses and may itself contain
     spaces and parentheses, so the fields are split after the *last* ')'. Returns None on malformed text."""
