@@ -227,7 +227,9 @@ def test_reset_playbook_after_a_crash_then_a_fresh_launch(cluster):
         for n in cluster.nodes:
             st = json.loads(cluster.exec(n, ["cat", f"{STATE_ROOT}/train/launch.json"]).stdout)
             tokens[n] = st["token"]
-            assert pids_with_token(cluster, n, st["token"]), n
+            assert pids_with_token(cluster, n, st["token"]), (
+                n, cluster.exec(n, ["tail", "-n", "40", f"{STATE_ROOT}/train/job-rw/torchrun.log"], check=False).stdout,
+                r.stdout[-3000:])
         # Crash: kill -9 the ranks on some nodes (the agents' children), leave shm files and a listener.
         for n in others:
             for pid in pids_with_token(cluster, n, tokens[n]):
