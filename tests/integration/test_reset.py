@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import pytest
 
@@ -218,9 +219,11 @@ def reset(cluster, *args):
 
 @needs_roles
 def test_reset_playbook_after_a_crash_then_a_fresh_launch(cluster):
-    # A fresh start: with the default (resume from the latest checkpoint) a job an earlier test of the session ran to
-    # its last step would resume there and end at once, leaving nothing to crash.
-    r = cluster.playbook("site.yml", "-e", "launch_resume_from=")
+    # A job of its own, started fresh: site.yml leaves a job that already ran to its end with the same command as
+    # finished (nothing to crash), and one resumed from an earlier test's last checkpoint would end at once.
+    options = {"--steps": 100000 + uuid.uuid4().int % 100000, "--save-every": 10, "--sleep": 0.2,
+               "--output-root": "{{ train_args_output_dir }}"}
+    r = cluster.playbook("site.yml", "-e", json.dumps({"train_args_options": options, "launch_resume_from": ""}))
     assert r.returncode == 0, r.stdout[-4000:]
     head, others = cluster.nodes[0], cluster.nodes[1:]
     decoy = start_decoy(cluster, head)
