@@ -265,8 +265,10 @@ def main():
             result["changed"] |= changed
         result["globbed"] = {p: sorted(glob.glob(p)) for p in module.params["glob"]}
         for path in sorted({f for p in module.params["read"] for f in glob.glob(p)}):
-            if os.path.isfile(path) and os.path.getsize(path) <= 1 << 20:
-                with open(path, "rb") as f:
+            # A regular file only, its last component not followed (what it reads is a node's own state).
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= 1 << 20:
+                with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                     result["read"][path] = base64.b64encode(f.read()).decode("ascii")
     except (OSError, ValueError) as e:
         module.fail_json(msg=str(e), **result)

@@ -141,3 +141,15 @@ def test_refuse_touches_nothing_and_glob_read_probe_in_the_same_call(tmp_path: P
                             str(tmp_path / "none" / "*"): []}
     assert {k: base64.b64decode(v) for k, v in r["read"].items()} == {
         str(tmp_path / "ib" / "mlx5_0" / "ports" / "1" / "link_layer"): b"InfiniBand\n"}
+
+
+def test_read_returns_regular_files_only_and_follows_no_link_at_the_end(tmp_path: Path):
+    secret = tmp_path / "root-only"
+    secret.write_text("secret\n")
+    (tmp_path / "job-ro").mkdir()
+    (tmp_path / "job-ro" / "nccl.env").symlink_to(secret)
+    (tmp_path / "job-ro" / "ds_config.json").write_text("{}\n")
+    (tmp_path / "job-ro" / "subdir").mkdir()
+    r = run({"read": [str(tmp_path / "job-ro" / "*")]})
+    assert not r.get("failed"), r
+    assert {k: base64.b64decode(v) for k, v in r["read"].items()} == {str(tmp_path / "job-ro" / "ds_config.json"): b"{}\n"}
