@@ -21,6 +21,16 @@ description:
     action plugins of the configured paths and the connection and shell plugins of the run, so the workers
     Ansible forks per host and task inherit them instead of each loading them again.
   - A plugin that fails to load here is left to the worker, which reports it as it would have.
+options:
+  enabled:
+    description: Load the plugins before the first fork; false leaves each worker to load them, as Ansible does.
+    type: bool
+    default: true
+    env:
+      - name: TRAINYARD_WARM_WORKERS
+    ini:
+      - section: callback_warm_workers
+        key: enabled
 """
 
 from ansible.plugins.loader import action_loader, connection_loader, filter_loader, shell_loader, test_loader
@@ -46,6 +56,8 @@ class CallbackModule(bases.AlwaysLoadedCallback):
     CALLBACK_NAME = "warm_workers"
 
     def v2_playbook_on_start(self, playbook):
+        if not self.get_option("enabled"):
+            return
         try:
             warm()
         except Exception as e:  # loading is an optimisation: a worker loads what is missing, and says why it failed

@@ -54,6 +54,8 @@ CONFIG_VARIANTS = {
     "pipelining off (default; project on)": {"ANSIBLE_PIPELINING": "False", "ANSIBLE_SSH_PIPELINING": "False"},
     "internal_poll_interval 0.001 (default; project 0.01)": {"ANSIBLE_INTERNAL_POLL_INTERVAL": "0.001"},
     "fact_caching jsonfile (project and default: memory)": {"ANSIBLE_CACHE_PLUGIN": "jsonfile"},
+    # Ansible's behaviour: every worker loads the filters, tests and its action itself (callback_plugins/warm_workers.py).
+    "warm_workers off (Ansible's behaviour; project on)": {"TRAINYARD_WARM_WORKERS": "false"},
 }
 
 
@@ -222,8 +224,13 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         wrapper.chmod(0o755)
         ssh_log = Path(tmp) / "ssh.log"
         ssh_log.touch()
+        task_cpu = Path(tmp) / "task_cpu.json"
         env = ansible_env({"ANSIBLE_SSH_EXECUTABLE": str(wrapper), "TRAINYARD_BENCH_SSH_LOG": str(ssh_log),
-                           "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all", "PROFILE_TASKS_SORT_ORDER": "none"})
+                           "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all", "PROFILE_TASKS_SORT_ORDER": "none",
+                           "ANSIBLE_CALLBACK_PLUGINS": f"{REPO / 'callback_plugins'}:{REPO / 'tests/bench/callbacks'}"})
+        if group.ok:  # the controller CPU of every task (tests/bench/callbacks/cpu_per_task.py)
+            env.update({"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,cpu_per_task",
+                        "TRAINYARD_BENCH_CGROUP": str(group.path), "TRAINYARD_BENCH_TASK_CPU": str(task_cpu)})
         if env_extra:
             env.update(env_extra)
             if env_extra.get("ANSIBLE_CACHE_PLUGIN") == "jsonfile":
@@ -250,6 +257,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         ru1 = os.times()
         ctrl1, node1, busy1 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
         targets = ssh_log.read_text().split()
+        per_task = json.loads(task_cpu.read_text()) if task_cpu.exists() else []
     recap = {h: v for h, v in parse_recap(out).items() if h != "localhost"}
     n = len(nodes)
     profile = parse_profile(out)
@@ -278,7 +286,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         "ssh_execs": len(targets), "ssh_execs_per_node": round(len(targets) / n, 1),
         "path_mtu_task_s": round(by_class["path_mtu"], 2), "cross_node_task_s": round(by_class["cross_node"], 2),
         "path_mtu_module_s_median": round(statistics.median(pmtu), 3) if pmtu else None,
-        "tasks_timed": len(profile), "profile": profile,
+        "tasks_timed": len(profile), "profile": profile, "task_cpu": per_task,
         "cross_node_tasks": sorted(k for k, v in classes.items() if v == "cross_node"),
     }
     if proc.returncode != 0:
