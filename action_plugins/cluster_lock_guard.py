@@ -19,7 +19,7 @@ description:
     I(stale_s) from another controller, or a controller restarted since) may be alive: it is reported at once,
     and its lock is removed only with I(break=true)."
   - After taking a lock it starts a heartbeat refresher on the controller (a detached process) that touches the
-    node's lock every I(stale_s)/4 seconds (1-30 s) while the run lives, and releases it when the run ends,
+    node's lock every I(stale_s)/4 seconds (at least 1 s) while the run lives, and releases it when the run ends,
     whether it succeeded or failed (the callback C(cluster_lock) removes the run's marker file at exit). After a
     C(kill -9) of ansible-playbook the refresher stops and the lock goes stale.
 options:
@@ -217,7 +217,7 @@ class ActionModule(ActionBase):
             time.sleep(min(poll_s, max(0.0, wait_s - waited)))
 
     def _start_refresher(self, lk, task_vars, path, token, pid, ticks, stale_s):
-        """A detached process on the controller: heartbeat every stale_s/4 (1-30 s) while ansible-playbook
+        """A detached process on the controller: heartbeat every stale_s/4 (at least 1 s) while ansible-playbook
         lives; release when the run's marker file disappears (the callback removes it at exit); stop without
         releasing when ansible-playbook is gone without that (killed: the lock goes stale)."""
         os.makedirs(MARKER_DIR, mode=0o700, exist_ok=True)

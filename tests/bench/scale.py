@@ -127,9 +127,17 @@ def proc_cpu_s(pid: int) -> float | None:
 
 SSH_WRAPPER = """#!/bin/sh
 # Counts the SSH executions of the measured run: one line per call, naming the target (the argument before the
-# remote command), then runs the real ssh.
+# remote command), what the remote command is (a module's Python, interpreter discovery, anything else) and the
+# task (TRAINYARD_BENCH_TASK, set by tests/bench/callbacks/cpu_per_task.py before the task's workers fork), then
+# runs the real ssh.
 eval "target=\\${$(($# - 1))}"
-printf '%s\\n' "$target" >> "$TRAINYARD_BENCH_SSH_LOG"
+eval "remote=\\${$#}"
+case "$remote" in
+  *PLATFORM*) kind=discovery ;;
+  *python*) kind=module ;;
+  *) kind=other ;;
+esac
+printf '%s\\t%s\\t%s\\n' "$target" "$kind" "$TRAINYARD_BENCH_TASK" >> "$TRAINYARD_BENCH_SSH_LOG"
 exec ssh "$@"
 """
 
@@ -230,7 +238,9 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
                            "ANSIBLE_CALLBACK_PLUGINS": f"{REPO / 'callback_plugins'}:{REPO / 'tests/bench/callbacks'}"})
         if group.ok:  # the controller CPU of every task (tests/bench/callbacks/cpu_per_task.py)
             env.update({"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,cpu_per_task",
-                        "TRAINYARD_BENCH_CGROUP": str(group.path), "TRAINYARD_BENCH_TASK_CPU": str(task_cpu)})
+                        "TRAINYARD_BENCH_CGROUP": str(group.path), "TRAINYARD_BENCH_TASK_CPU": str(task_cpu),
+                        "TRAINYARD_BENCH_NODE_CGROUPS": ":".join(str(CGROUP_ROOT / "docker" / i / "cpuacct.usage")
+                                                                 for i in ids)})
         if env_extra:
             env.update(env_extra)
             if env_extra.get("ANSIBLE_CACHE_PLUGIN") == "jsonfile":
@@ -256,7 +266,14 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         th.join()
         ru1 = os.times()
         ctrl1, node1, busy1 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
-        targets = ssh_log.read_text().split()
+        calls = [line.split("\t") for line in ssh_log.read_text().splitlines() if line.strip()]
+        targets = [c[0] for c in calls]
+        ssh_kinds = {k: sum(1 for c in calls if c[1:2] == [k]) for k in ("module", "discovery", "other")}
+        # SSH executions per task (all nodes together), in run order
+        ssh_tasks: dict[str, int] = {}
+        for c in calls:
+            task = c[2] if len(c) > 2 and c[2] else "(before the first task)"
+            ssh_tasks[task] = ssh_tasks.get(task, 0) + 1
         per_task = json.loads(task_cpu.read_text()) if task_cpu.exists() else []
     recap = {h: v for h, v in parse_recap(out).items() if h != "localhost"}
     n = len(nodes)
@@ -283,7 +300,8 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         "cores": os.cpu_count(),
         "tasks_per_node": round(statistics.mean(per_host_tasks), 1) if per_host_tasks else None,
         "tasks_run_per_node": round(statistics.mean(per_host_run), 1) if per_host_run else None,
-        "ssh_execs": len(targets), "ssh_execs_per_node": round(len(targets) / n, 1),
+        "ssh_execs": len(targets), "ssh_execs_per_node": round(len(targets) / n, 1), "ssh_kinds": ssh_kinds,
+        "ssh_tasks": ssh_tasks,
         "path_mtu_task_s": round(by_class["path_mtu"], 2), "cross_node_task_s": round(by_class["cross_node"], 2),
         "path_mtu_module_s_median": round(statistics.median(pmtu), 3) if pmtu else None,
         "tasks_timed": len(profile), "profile": profile, "task_cpu": per_task,

@@ -178,7 +178,7 @@ def test_check_lock_dir_accepts_a_dir_of_its_own():
 
 
 def test_heartbeat_interval_bounds():
-    assert lk.heartbeat_interval(300) == 30 and lk.heartbeat_interval(20) == 5 and lk.heartbeat_interval(1) == 1
+    assert lk.heartbeat_interval(300) == 75 and lk.heartbeat_interval(20) == 5 and lk.heartbeat_interval(1) == 1
 
 
 # ------------------------------------------------------------------ the lock file on a node

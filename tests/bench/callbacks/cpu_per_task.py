@@ -1,10 +1,12 @@
 # -*- coding: utf-8 -*-
-"""Benchmark aid (tests/bench/scale.py): the controller CPU of every task, all hosts together.
+"""Benchmark aid (tests/bench/scale.py): the controller and the nodes' CPU of every task, all hosts together.
 
 Reads the cpuacct cgroup the measured ansible-playbook runs in (TRAINYARD_BENCH_CGROUP) when each task starts; with
 the linear strategy a task's workers have all ended when the next task starts, so the difference is that task's
-CPU (its workers, their SSH clients and the main process meanwhile). Writes [[task, CPU-s], ...] in run order to
-TRAINYARD_BENCH_TASK_CPU when the playbook ends.
+CPU (its workers, their SSH clients and the main process meanwhile). The nodes' CPU the same way from the
+cpuacct.usage files named in TRAINYARD_BENCH_NODE_CGROUPS (colon-separated). Writes [[task, controller CPU-s,
+nodes' CPU-s], ...] in run order to TRAINYARD_BENCH_TASK_CPU when the playbook ends, and names the current task
+in TRAINYARD_BENCH_TASK for the workers (the bench's ssh wrapper logs it with every SSH execution).
 """
 
 from __future__ import annotations
@@ -33,16 +35,26 @@ class CallbackModule(CallbackBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._usage = os.path.join(os.environ["TRAINYARD_BENCH_CGROUP"], "cpuacct.usage")
+        self._nodes = [p for p in os.environ.get("TRAINYARD_BENCH_NODE_CGROUPS", "").split(":") if p]
         self._rows: list[list] = []
         self._task: str | None = None
-        self._since = 0.0
+        self._since = (0.0, 0.0)
+
+    @staticmethod
+    def _read(path: str) -> float:
+        try:
+            with open(path) as f:
+                return int(f.read()) / 1e9
+        except OSError:
+            return 0.0
 
     def _mark(self, name: str | None) -> None:
-        with open(self._usage) as f:
-            now = int(f.read()) / 1e9
+        now = (self._read(self._usage), sum(self._read(p) for p in self._nodes))
         if self._task is not None:
-            self._rows.append([self._task, round(now - self._since, 3)])
+            self._rows.append([self._task, round(now[0] - self._since[0], 3), round(now[1] - self._since[1], 3)])
         self._task, self._since = name, now
+        # the task's workers inherit it: tests/bench/scale.py's ssh wrapper logs each SSH execution's task
+        os.environ["TRAINYARD_BENCH_TASK"] = name or ""
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self._mark(task.get_name())

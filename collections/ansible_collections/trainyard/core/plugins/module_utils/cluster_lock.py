@@ -249,8 +249,10 @@ def check_lock_dir(lock_dir, mounted):
 
 
 def heartbeat_interval(stale_s):
-    """How often the refresher touches a held lock: a quarter of the stale limit, 1-30 s."""
-    return max(1.0, min(30.0, float(stale_s) / 4.0))
+    """How often the refresher touches a held lock: a quarter of the stale limit (at least 1 s), so three beats
+    can be missed before another controller may judge the holder gone. Each beat is a module run on the node: the
+    default limit of 300 s costs a converged run one beat per node a minute and a quarter."""
+    return max(1.0, float(stale_s) / 4.0)
 
 
 # Where the controller keeps a marker per ansible-playbook run that holds locks (action cluster_lock_guard writes
