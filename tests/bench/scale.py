@@ -479,6 +479,32 @@ def _model_sections(title: str, pts: list[dict]) -> list[str]:
                                       ("projected wall s", "wall_s", ".1f")])]
 
 
+def task_cost_section(run: dict, top: int = 20) -> str:
+    """Where a converged run's CPU goes, per task and node: the controller's and the nodes' CPU (cgroups, read as each
+    task starts) and the SSH executions of the task (the bench's ssh wrapper), heaviest controller tasks first."""
+    n = run["nodes"]
+    ssh = run.get("ssh_tasks") or {}
+    rows = [{"task": t, "ctrl": c / n, "node": nd / n, "ssh": ssh.get(t, 0) / n} for t, c, nd in run["task_cpu"]]
+    total = {"ctrl": sum(r["ctrl"] for r in rows), "node": sum(r["node"] for r in rows),
+             "ssh": sum(r["ssh"] for r in rows)}
+    rows.sort(key=lambda r: -r["ctrl"])
+    rest = rows[top:]
+    shown = rows[:top] + ([{"task": f"the other {len(rest)} tasks", "ctrl": sum(r["ctrl"] for r in rest),
+                            "node": sum(r["node"] for r in rest), "ssh": sum(r["ssh"] for r in rest)}] if rest else [])
+    shown.append({"task": "all tasks", **total})
+    beats = {k: v for k, v in ssh.items() if k not in {r["task"] for r in rows}}
+    note = ("" if not beats else "\n\nSSH executions outside the tasks above (per node): " + ", ".join(
+        f"{k}: {v / n:.1f}" for k, v in beats.items()) + ".")
+    return (f"### Where a converged run's CPU goes, per task ({n} light nodes, converged re-run)\n\n"
+            "Controller CPU = the run's cgroup between the start of the task and the start of the next one (its "
+            "workers, their SSH clients, the main process meanwhile, and the cluster lock's heartbeat refreshers "
+            "that beat then); node CPU the same on the nodes' cgroups; SSH = executions the bench's ssh wrapper "
+            "logged while the task ran (module runs; the cluster lock's heartbeats count under the task that took "
+            "the lock, whose workers fork the refreshers). Per node.\n\n"
+            + table(shown, [("task", "task", ""), ("controller CPU s/node", "ctrl", ".3f"),
+                            ("node CPU s/node", "node", ".3f"), ("SSH/node", "ssh", ".2f")]) + note)
+
+
 def sections(results: dict, command: str, machine: str) -> list[str]:
     sizes = sorted(results["sizes"], key=lambda e: e["nodes"])
     rows = []
@@ -508,6 +534,9 @@ def sections(results: dict, command: str, machine: str) -> list[str]:
         pts = [p for p in pts if p.get("failed") in (0, None) and p.get("changed") is not None]
         if len(pts) >= 2:
             out += _model_sections(title, pts)
+    big = next((e for e in reversed(sizes) if e.get("median") and e["median"].get("task_cpu")), None)
+    if big:
+        out.append(task_cost_section(big["median"]))
     if results.get("config"):
         base = next((r for r in results["config"] if r["label"] == "project ansible.cfg"), None)
         rows = []
