@@ -5,8 +5,8 @@ before it forks its first worker.
 Ansible forks one worker per host and task. A worker that templates a filter finds the filter loader empty and
 loads every filter file of every configured path (its imports and regular expressions included), the same for
 tests and for the action plugin of its task, and throws it all away when it exits. Loaded here once, every worker
-inherits them: a converged site.yml on 16 light nodes costs the controller 32.6 CPU-s instead of 52.9
-(docs/benchmarks.md "Controller CPU per task").
+inherits them (the controller CPU with and without it: docs/benchmarks.md, the scale section's ansible.cfg table,
+row "warm_workers off").
 """
 
 from __future__ import annotations
