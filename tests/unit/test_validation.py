@@ -371,3 +371,18 @@ def test_a_registry_password_never_reaches_the_message():
 
 def test_llamafactory_overrides_are_key_value():
     assert cm.llamafactory_overrides_problems(["max_steps=100", "--seed", "42", "x.y=1", "=1"]) == ["--seed", "42", "=1"]
+
+
+def test_a_lock_dir_the_container_mounts_stops_the_run_before_any_host_is_contacted():
+    """cluster_lock_dir inside (or around) a directory the training container mounts: one line for every trainer,
+    from the validate play, so the lock tasks need not carry those directories to every node."""
+    (line,) = run(three(cluster_lock_dir="/var/lib/trainyard/locks"))
+    assert line == ("Stop if cluster_lock_dir is inside or around a directory the training container mounts: "
+                    "cluster_lock_dir /var/lib/trainyard/locks and cluster_state_dir /var/lib/trainyard on all 3 "
+                    "trainers (cluster_lock_dir = '/var/lib/trainyard/locks'). Fix: put cluster_lock_dir outside it, "
+                    "e.g. /var/lib/trainyard-lock")
+    hosts = three(cluster_lock_dir="/data/lock")
+    hosts["n2"]["cluster_state_dir"] = "/data"  # a per-host directory: the one trainer it concerns is named
+    (line,) = run(hosts)
+    assert "cluster_lock_dir /data/lock and cluster_state_dir /data on n2 (" in line, line
+    assert run(three(cluster_lock_dir="/var/lib/trainyard-lock")) == []

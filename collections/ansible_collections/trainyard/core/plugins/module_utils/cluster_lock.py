@@ -228,24 +228,31 @@ def held_message(node, path, holder, age_s, waited_s=None, stale_reason=None):
             "or raise cluster_lock_wait_s to wait longer." % (path, node, who, _dur(waited_s)))
 
 
-def check_lock_dir(lock_dir, mounted):
-    """A 'Stop if ...' line when cluster_lock_dir is unusable, else None. mounted: {variable: path} of the
-    directories the training container mounts (the job must never see or remove the lock)."""
+def lock_dir_problem(lock_dir, mounted):
+    """(what, fix) when cluster_lock_dir is unusable, else None. mounted: {variable: path} of the directories the
+    training container mounts (the job must never see or remove the lock). The validate play states it once for
+    every trainer (plugin_utils/cluster_model.py); check_lock_dir words it as one line."""
     if not isinstance(lock_dir, str) or not os.path.isabs(lock_dir):
-        return ("Stop if cluster_lock_dir is not an absolute path: it is %r. Fix: set cluster_lock_dir to an "
-                "absolute directory only root uses, e.g. /var/lib/trainyard-lock." % (lock_dir,))
+        return ("cluster_lock_dir is not an absolute path: it is %r" % (lock_dir,),
+                "set cluster_lock_dir to an absolute directory only root uses, e.g. /var/lib/trainyard-lock")
     norm = os.path.normpath(lock_dir)
     if norm == "/":
-        return "Stop if cluster_lock_dir is /. Fix: use a directory of its own, e.g. /var/lib/trainyard-lock."
+        return "cluster_lock_dir is /", "use a directory of its own, e.g. /var/lib/trainyard-lock"
     for var, path in sorted((mounted or {}).items()):
         if not isinstance(path, str) or not path:
             continue
         p = os.path.normpath(path)
         if norm == p or norm.startswith(p.rstrip("/") + "/") or p.startswith(norm.rstrip("/") + "/"):
-            return ("Stop if cluster_lock_dir is inside or around a directory the training container mounts: "
-                    "cluster_lock_dir %s and %s %s. Fix: put cluster_lock_dir outside it, e.g. "
-                    "/var/lib/trainyard-lock." % (lock_dir, var, path))
+            return ("cluster_lock_dir is inside or around a directory the training container mounts: "
+                    "cluster_lock_dir %s and %s %s" % (lock_dir, var, path),
+                    "put cluster_lock_dir outside it, e.g. /var/lib/trainyard-lock")
     return None
+
+
+def check_lock_dir(lock_dir, mounted):
+    """A 'Stop if ...' line when cluster_lock_dir is unusable (lock_dir_problem), else None."""
+    problem = lock_dir_problem(lock_dir, mounted)
+    return "Stop if %s. Fix: %s." % problem if problem else None
 
 
 def heartbeat_interval(stale_s):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import lock_dir_problem
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import EXCLUDED_EXACT, EXCLUDED_PREFIXES
 
 TRAINERS = "trainers"
@@ -979,6 +980,16 @@ def _check_cluster_values(h: str, head: str, hosts: list[str], typed: Mapping, h
         problems.append(Problem("cluster_output_root and cluster_shared_root are the same directory (outputs are "
                                 "node-local and pruned; the shared root holds models and data)",
                                 "give the outputs their own directory", "cluster_output_root", out, [h], True))
+
+    # The cluster lock must stay out of every directory the training container mounts (the job would see it); a
+    # mounted directory already stopped above (a system directory, a relative path) is not named twice.
+    ok, lock_dir = val("cluster_lock_dir")
+    if ok and isinstance(lock_dir, str) and lock_dir.startswith("/"):
+        mounted = {var: path for var in PATH_VARS for okp, path in [val(var)]
+                   if okp and isinstance(path, str) and path.strip() and not path_problems(var, path, [h])}
+        lock = lock_dir_problem(lock_dir, mounted)
+        if lock:
+            problems.append(Problem(lock[0], lock[1], "cluster_lock_dir", lock_dir, [h], True))
 
     ok, job = val("cluster_job_name")
     if ok and isinstance(job, str) and not JOB_NAME_RE.match(job):
