@@ -23,9 +23,17 @@ description:
   - The pings and the connect are read-only and run the same in check mode.
 options:
   enabled: {description: C(network_enabled)., type: bool, default: true}
-  facts: {description: This node's C(net_facts) result., type: dict, default: {}}
-  plan: {description: The C(network_plan) result (registered on every node)., type: dict, default: {}}
-  port: {description: The head's C(port_check) inspect result (registered on every node)., type: dict, default: {}}
+  facts:
+    description: This node's C(net_facts) result; left out, the role's registered C(__network_facts), read from the
+      host's variables without templating.
+    type: dict
+  plan:
+    description: The plan of C(network_plan); left out, C(plan) of the role's registered C(__network_plan) (read
+      without templating, so no node walks the plan of every node).
+    type: dict
+  port:
+    description: The head's C(port_check) inspect result; left out, the role's registered C(__network_port).
+    type: dict
   requested: {description: C(cluster_data_iface) of this node., type: str, default: ""}
   manage: {description: C(network_manage_mtu)., type: bool, default: true}
   persist: {description: C(network_persist_mtu)., type: bool, default: true}
@@ -39,9 +47,7 @@ EXAMPLES = r"""
 - name: Ping every peer, connect to the rendezvous port and record every network check
   network_checks:
     enabled: "{{ network_enabled }}"
-    facts: "{{ __network_facts }}"
-    plan: "{{ __network_plan }}"
-    port: "{{ __network_port }}"
+    requested: "{{ cluster_data_iface | default('') }}"
   register: __network_checks
 """
 
@@ -69,6 +75,12 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, netrecords
 
 
+def registered(args, task_vars, option, var):
+    """The option when given, else the registered result ``var`` of the host ({} when it has none)."""
+    value = args[option] if args.get(option) is not None else task_vars.get(var)
+    return value if isinstance(value, dict) else {}
+
+
 class ActionModule(bases.ControllerAction):
     _requires_connection = True  # the pings and the connect run on the node
 
@@ -76,9 +88,10 @@ class ActionModule(bases.ControllerAction):
         if not boolean(args.get("enabled", True), strict=False):
             return self.record(task_vars, netrecords.disabled_record())
         host = task_vars.get("inventory_hostname")
-        facts = bases.need_dict(args.get("facts") or {}, "network_checks: 'facts'")
-        plan = bases.need_dict(args.get("plan") or {}, "network_checks: 'plan'")
-        port = args.get("port") if isinstance(args.get("port"), dict) else {}
+        facts = bases.need_dict(registered(args, task_vars, "facts", "__network_facts"), "network_checks: 'facts'")
+        plan = registered(args, task_vars, "plan", "__network_plan")
+        plan = plan if args.get("plan") is not None else plan.get("plan") or {}
+        port = registered(args, task_vars, "port", "__network_port")
         if "hosts" not in plan:
             return dict(failed=True, msg="network_checks on %s: no network plan (the network_plan task did not run "
                                          "for this play): run the network role's main or preflight tasks" % host)
