@@ -266,3 +266,17 @@ def test_checks_of_a_node_with_the_role_off_contact_nothing():
     r = adhoc("network_checks", {"enabled": False})
     assert [x["check"] for x in r["preflight_records"]] == ["network.enabled"] and "reach" not in r
 
+
+
+def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
+    r = adhoc("network_plan", {"hosts": ["localhost"], "head": "localhost", "head_address": "127.0.0.1",
+                               "master_addr": "127.0.0.1", "master_port": 39500, "mtu": 0,
+                               "ping": {"wait": 1, "connect_timeout": 2}})
+    plan = r["plan"]
+    # localhost has no net_facts result: no interface, no address, no MTU to measure.
+    assert plan["unaddressed"] == ["localhost"] and plan["peers"] == {} and plan["expected"] is None
+    assert plan["measure"] and plan["uniformity"] == "every node uses no interface"
+    assert plan["head_address"] == "127.0.0.1" and plan["ping"] == {"wait": 1, "connect_timeout": 2}
+    assert r["ansible_facts"] == {"network_iface_uniform": True}
+    missing = adhoc("network_plan", {"hosts": ["localhost"], "head": "localhost"})
+    assert missing["failed"] and missing["msg"] == "network_plan: 'head_address' is required"
