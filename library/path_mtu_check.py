@@ -9,26 +9,26 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: path_mtu_check
-short_description: Don't-fragment pings from this node to every peer, in parallel
+short_description: Don't-fragment pings from this node to its peers in parallel, and a TCP connect to the head
 description:
   - For every peer, one C(ping -M do -c 1 -W <wait> -s <size>) at the full payload (MTU - 28) and one at
     1472 bytes (what any Ethernet path carries), all peers and both sizes at once in threads.
   - A jumbo-frame mismatch drops only large frames, silently; the 1472 probe tells it apart from a dead path.
   - A failed probe is repeated I(retries) times before it counts (a single lost echo on a loaded host is
     not a finding).
-  - Read-only (ICMP echo only).
+  - With I(connect), in the same call one TCP connect to the rendezvous port on the head with a timeout (as
+    C(port_check) C(mode=connect)); a timeout (packets dropped, e.g. a firewall DROP rule) is told from a refusal,
+    an ICMP unreachable and a local blackhole/prohibit route.
+  - Read-only (ICMP echo and one TCP connect), so it runs the same in check mode.
+  - The network role calls it through its C(network_checks) action, which picks the peers (a full mesh up to
+    C(network_path_mtu_full_mesh_max) nodes, above it a ring, seeded random rings and one pair per data subnet
+    pair) and records the checks.
 options:
   peers:
-    description: Peers to probe, C({name, address}). One of I(peers) and I(plan) is required.
+    description: Peers to probe, C({name, address}); empty pings nothing.
     type: list
     elements: dict
-  plan:
-    description:
-      - The peers this node probes and the coverage of the scheme they come from, C({peers, coverage}), as the
-        network role's C(network_path_plan) filter builds it (a full mesh up to C(network_path_mtu_full_mesh_max)
-        nodes, above it a ring, seeded random rings and one pair per data subnet pair).
-      - I(coverage) comes back in the result as it came, so the record states which pairs were proved.
-    type: dict
+    default: []
   payload:
     description: Full ICMP payload in bytes (cluster_data_mtu - 28).
     type: int
@@ -49,21 +49,19 @@ options:
     description: Most pings in flight at once.
     type: int
     default: 64
+  connect:
+    description: C({address, port, timeout}) of the rendezvous port to connect to once (timeout in seconds).
+    type: dict
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
 EXAMPLES = r"""
-- name: Prove the path to the peers the pair scheme gives this node
-  path_mtu_check:
-    plan: "{{ hostvars | network_path_plan(ansible_play_hosts, inventory_hostname, 16, 2, 0) }}"
-    payload: 8972
-  register: __network_path
-
-- name: Prove the path to every other node
+- name: Prove the path to two peers and connect to the head's rendezvous port
   path_mtu_check:
     peers: [{name: node2, address: 10.0.0.12}, {name: node3, address: 10.0.0.13}]
     payload: 8972
+    connect: {address: 10.0.0.11, port: 39500, timeout: 3}
   register: __network_path
 """
 
@@ -77,15 +75,15 @@ failed_peers:
   description: Peers where either probe failed.
   returned: always
   type: list
-coverage:
-  description: The scheme's coverage from I(plan) (scheme, pairs, full_mesh_pairs, text, ...); empty without a plan.
-  returned: always
-  type: dict
-  sample: {scheme: ring + sample, pairs: 192, full_mesh_pairs: 2016, text: "ring + 2 seeded random rings ..."}
 seconds:
   description: Wall time of all probes.
   returned: always
   type: float
+reach:
+  description: The connect's C(outcome) (ok, timeout, refused, unreachable, blocked, error), C(seconds), C(message).
+  returned: with I(connect)
+  type: dict
+  sample: {outcome: ok, seconds: 0.002, message: ""}
 """
 
 import time
@@ -93,27 +91,29 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import parse_ping, ping_argv
+from ansible_collections.trainyard.core.plugins.module_utils.netprobe import connect
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            peers=dict(type="list", elements="dict"),
-            plan=dict(type="dict"),
+            peers=dict(type="list", elements="dict", default=[]),
             payload=dict(type="int", required=True),
             base=dict(type="int", default=1472),
             wait=dict(type="int", default=1),
             retries=dict(type="int", default=1),
             workers=dict(type="int", default=64),
+            connect=dict(type="dict"),
         ),
-        required_one_of=[("peers", "plan")],
         supports_check_mode=True,
     )
     p = module.params
-    ping = module.get_bin_path("ping", required=True)
-    plan = p["plan"] or {}
+    target = p["connect"]
+    if target is not None and not (target.get("address") and str(target.get("port") or "").isdigit()):
+        module.fail_json(msg="connect needs address and port, got %r" % (target,))
+    ping = module.get_bin_path("ping", required=True) if p["peers"] else "ping"
     peers = []
-    for peer in (plan.get("peers") or []) if p["plan"] is not None else p["peers"]:
+    for peer in p["peers"]:
         if not peer.get("name") or not peer.get("address"):
             module.fail_json(msg="each peer needs name and address, got %r" % (peer,))
         peers.append((str(peer["name"]), str(peer["address"])))
@@ -141,8 +141,12 @@ def main():
             for name, address, kind, res in pool.map(one, jobs):
                 probes.setdefault(name, {"address": address})[kind] = res
     failed = sorted(n for n, r in probes.items() if not (r["full"]["ok"] and r["base"]["ok"]))
-    module.exit_json(changed=False, probes=probes, failed_peers=failed, coverage=plan.get("coverage") or {},
-                     seconds=round(time.time() - t0, 3))
+    result = dict(changed=False, probes=probes, failed_peers=failed, seconds=round(time.time() - t0, 3))
+    if target is not None:
+        outcome, took, message = connect(str(target["address"]), int(target["port"]),
+                                         float(target.get("timeout") or 3.0))
+        result["reach"] = {"outcome": outcome, "seconds": took, "message": message}
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -140,9 +140,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
-from ansible_collections.trainyard.core.plugins.module_utils.netcheck import (
-    classify_connect_error, parse_proc_net_tcp, port_verdict, socket_inode,
-)
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import parse_proc_net_tcp, port_verdict, socket_inode
+from ansible_collections.trainyard.core.plugins.module_utils.netprobe import connect
 
 
 def read(path, mode="r"):
@@ -307,22 +306,6 @@ def start_listener(address, port, seconds, expect):
                 "port": port, "reason": "probe listener for %d s" % seconds}
     return {"listening": False, "pid": 0, "start_ticks": 0, "address": address, "port": port,
             "reason": "cannot listen on %s:%d: %s" % (address, port, msg[4:] if msg else "listener died")}
-
-
-def connect(address, port, timeout):
-    t0 = time.time()
-    err = None
-    try:
-        sock = socket.create_connection((address, port), timeout=timeout)
-        sock.close()
-    except socket.timeout:
-        err = "timeout"
-    except (OSError, socket.error) as exc:
-        err = exc
-    took = round(time.time() - t0, 3)
-    outcome = classify_connect_error(err)
-    message = "" if err is None else ("no answer within %.1f s" % timeout if err == "timeout" else str(err))
-    return outcome, took, message
 
 
 def listen(module, holders, verdict):

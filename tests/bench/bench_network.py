@@ -94,7 +94,7 @@ def mismatch(repeats: int) -> list[dict]:
                     in_mtu_task = False
                     for line in p.stdout:
                         out.append(line)
-                        if line.startswith("TASK [network : Record the data interface MTU]"):
+                        if line.startswith("TASK [network : Ping every peer with don't-fragment pings"):  # records
                             in_mtu_task = True
                         elif in_mtu_task and line.startswith("TASK ["):
                             in_mtu_task = False

@@ -186,8 +186,8 @@ HOST_LISTS = ("ansible_play_hosts", "_hosts", "groups[", "groups.")
 
 def superlinear_tasks(roles_dir: Path = REPO / "roles") -> dict[str, str]:
     """{'role : task name': class} for the tasks whose cost grows faster than linearly with the node count:
-    'path_mtu' (runs path_mtu_check: every node probes its peers) and 'cross_node' (reads other hosts' hostvars
-    over a host list: n lookups per node)."""
+    'path_mtu' (runs path_mtu_check, directly or through network_checks: every node probes its peers) and
+    'cross_node' (reads other hosts' hostvars over a host list: n lookups per node)."""
     out = {}
     for f in sorted(roles_dir.glob("*/tasks/*.yml")):
         role = f.parts[-3]
@@ -197,7 +197,7 @@ def superlinear_tasks(roles_dir: Path = REPO / "roles") -> dict[str, str]:
             continue
         for name, task in _walk_tasks(doc if isinstance(doc, list) else [], role):
             text = json.dumps(task)
-            if "path_mtu_check" in task:
+            if "path_mtu_check" in task or "network_checks" in task:  # network_checks runs path_mtu_check
                 out[name] = "path_mtu"
             elif "hostvars" in text and any(h in text for h in HOST_LISTS):
                 out[name] = "cross_node"

@@ -37,7 +37,8 @@ def test_recap_and_profile_are_parsed():
 def test_superlinear_tasks_are_found_in_the_role_files():
     classes = scale.superlinear_tasks()
     assert [k for k, v in classes.items() if v == "path_mtu"] == [
-        "network : Ping every peer with don't-fragment pings at MTU - 28 and 1472 bytes"]
+        "network : Ping every peer with don't-fragment pings at MTU - 28 and 1472 bytes, connect to the rendezvous port "
+        "and record every network check"]
     assert any(v == "cross_node" and k.startswith("network : ") for k, v in classes.items())
 
 

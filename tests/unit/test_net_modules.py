@@ -1,6 +1,6 @@
 """The network role's module internals on this machine, for real: the probe listener (detached, ends itself,
 stopped by PID + start time), the port holder lookup through /proc, connect outcomes (ok, refused, timeout),
-and the role's filters."""
+the cross-node plan (interface names, cluster MTU, the pairs the path proof pings) and the path record."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from ansible_collections.trainyard.core.plugins.module_utils import procgroup
+from ansible_collections.trainyard.core.plugins.module_utils import netcheck, procgroup
+from ansible_collections.trainyard.core.plugins.plugin_utils import netrecords
 from conftest import load
 
 port_check = load("library/port_check.py", "port_check_mod")
-filters = load("roles/network/filter_plugins/network_filters.py", "network_filters")
 
 
 def free_port() -> int:
@@ -129,72 +129,83 @@ def test_holder_of_our_own_socket_and_ownership_by_state_file(tmp_path):
         srv.close()
 
 
-# --------------------------------------------------------------------------- filters
+# --------------------------------------------------------------------------- the cross-node plan and the path record
 
-HV = {"n1": {"network_iface": "eth1", "network_address": "10.0.0.1", "_network_mtu": 9000},
-      "n2": {"network_iface": "eth1", "network_address": "10.0.0.2", "_network_mtu": 9000},
-      "n3": {"network_iface": "ens5", "network_address": "", "_network_mtu": 1500}}
+def facts(iface, address, mtu, prefix=24):
+    """A net_facts result with one data interface."""
+    return {"selected": {"iface": iface, "address": address, "mtu": mtu},
+            "interfaces": {iface: {"nets": [f"{address}/{prefix}"] if address else []}}}
 
 
-def test_path_plan_full_mesh_leaves_out_self_and_names_nodes_without_an_address():
-    plan = filters.network_path_plan(HV, ["n1", "n2", "n3"], "n1", 16, 2, 0)
-    assert plan["peers"] == [{"name": "n2", "address": "10.0.0.2"}]
-    cov = plan["coverage"]
+FACTS = {"n1": facts("eth1", "10.0.0.1", 9000), "n2": facts("eth1", "10.0.0.2", 9000), "n3": facts("ens5", "", 1500)}
+
+
+def test_plan_full_mesh_leaves_out_self_and_names_nodes_without_an_address():
+    plan = netrecords.cluster_plan(["n1", "n2", "n3"], FACTS, 9000)
+    assert plan["peers"] == {"n1": [{"name": "n2", "address": "10.0.0.2"}], "n2": [{"name": "n1", "address": "10.0.0.1"}]}
+    cov = netrecords.node_coverage(plan, "n1")
     assert cov["scheme"] == "full mesh" and cov["unaddressed"] == ["n3"] and cov["probes"] == 1
     assert cov["text"] == "full mesh: 1 of 1 node pairs, each from both ends; this node probes 1 and is probed by 1"
+    assert netrecords.node_coverage(plan, "n3")["text"] == "full mesh: 1 of 1 node pairs, each from both ends"
 
 
-def _hv_two_subnets(n):
-    hv = {}
-    for i in range(1, n + 1):
-        addr = f"10.{i % 2}.0.{i}"
-        hv[f"n{i}"] = {"network_iface": "eth1", "network_address": addr, "_network_mtu": 9000,
-                       "__network_facts": {"interfaces": {"eth1": {"nets": [f"{addr}/24"]}}}}
-    return hv
+def test_plan_compares_the_names_and_measures_the_mtu_once_for_every_node():
+    plan = netrecords.cluster_plan(["n1", "n2", "n3"], FACTS, 0)
+    assert not plan["uniform"] and plan["uniformity"] == "interface names differ: ens5 on n3; eth1 on n1, n2"
+    assert plan["expected"] == 1500 and plan["measure"]
+    assert plan["mtus"] == {"n1": 9000, "n2": 9000, "n3": 1500} and plan["ifaces"]["n3"] == "ens5"
+    same = netrecords.cluster_plan(["n1", "n2"], FACTS, 9000)
+    assert same["uniform"] and same["uniformity"] == "every node uses eth1" and same["expected"] == 9000
+    # A node whose probe failed (no result) has no interface, address or MTU.
+    assert netrecords.cluster_plan(["n1", "n9"], FACTS, 0)["unaddressed"] == ["n9"]
 
 
-def test_path_plan_above_the_limit_probes_few_peers_and_states_the_coverage():
-    hv = _hv_two_subnets(40)
-    hosts = list(hv)
-    plans = {h: filters.network_path_plan(hv, hosts, h, 16, 2, 0) for h in hosts}
-    assert all(len(p["peers"]) <= 8 for p in plans.values())
-    cov = plans["n1"]["coverage"]
+def _two_subnets(n):
+    return {f"n{i}": facts("eth1", f"10.{i % 2}.0.{i}", 9000) for i in range(1, n + 1)}
+
+
+def test_plan_above_the_limit_probes_few_peers_and_states_the_coverage():
+    hosts = list(_two_subnets(40))
+    plan = netrecords.cluster_plan(hosts, _two_subnets(40), 9000, 16, 2, 0)
+    assert all(len(p) <= 8 for p in plan["peers"].values())
+    cov = netrecords.node_coverage(plan, "n1")
     assert cov["scheme"] == "ring + sample" and cov["full_mesh_pairs"] == 780 and cov["subnet_pairs"] == 3
     assert f"{cov['pairs']} of 780 node pairs" in cov["text"]
-    # Every node probes or is probed; the pairs the nodes probe add up to the scheme's count.
-    probed = {p["name"] for plan in plans.values() for p in plan["peers"]}
-    assert probed | {h for h, plan in plans.items() if plan["peers"]} == set(hosts)
-    assert sum(len(p["peers"]) for p in plans.values()) == cov["pairs"]
+    # Every node probes or is probed; the pairs the nodes probe add up to the scheme's count; the counts of who
+    # probes whom agree with the per-node text netcheck.coverage_text gives.
+    probed = {p["name"] for peers in plan["peers"].values() for p in peers}
+    assert probed | {h for h, peers in plan["peers"].items() if peers} == set(hosts)
+    assert sum(len(p) for p in plan["peers"].values()) == cov["pairs"]
+    pairs = netcheck.path_pairs(hosts, {h: netcheck.subnet_of(f["interfaces"]["eth1"], f["selected"]["address"])
+                                        for h, f in _two_subnets(40).items()}, 16, 2, 0)
+    assert all(netrecords.node_coverage(plan, h)["text"] == netcheck.coverage_text(pairs, h) for h in hosts)
 
 
 def test_a_failing_sampled_pair_is_named_by_both_ends():
-    hv = _hv_two_subnets(20)
-    hv["n7"]["_network_mtu"] = 1500
-    plan = filters.network_path_plan(hv, list(hv), "n3", 16, 1, 0)
+    hv = _two_subnets(20)
+    hv["n7"]["selected"]["mtu"] = 1500
+    plan = netrecords.cluster_plan(list(hv), hv, 9000, 16, 1, 0)
     probes = {p["name"]: {"address": p["address"], "full": {"ok": p["name"] != "n7", "outcome": "lost"},
-                          "base": {"ok": True, "outcome": "ok"}} for p in plan["peers"] + [{"name": "n7", "address": "x"}]}
-    v = filters.network_path_diagnosis(probes, "n3", hv, list(hv), 9000)
-    assert not v["ok"] and "n3 -> n7" in v["detail"] and "MTU n3 eth1 9000, n7 eth1 1500" in v["detail"]
+                          "base": {"ok": True, "outcome": "ok"}} for p in plan["peers"]["n3"] + [{"name": "n7", "address": "x"}]}
+    rec = netrecords.path_record("n3", plan, {"probes": probes, "seconds": 1.2})
+    assert rec["status"] == "fail" and "n3 -> n7" in rec["detail"] and "MTU n3 eth1 9000, n7 eth1 1500" in rec["detail"]
+    assert rec["fix"].startswith("on n7: ip link set dev eth1 mtu 9000")
+    assert "(1.2 s); ring + 1 seeded random ring (seed 0)" in rec["detail"]
+    assert rec["data"]["path_coverage"]["scheme"] == "ring + sample"
 
 
-def test_uniformity_filter():
-    u = filters.network_uniformity(HV, ["n1", "n2", "n3"])
-    assert not u["uniform"] and "ens5 on n3" in u["detail"]
-
-
-def test_path_diagnosis_filter_gives_the_row_and_both_mtus():
+def test_path_record_gives_the_row_both_mtus_and_a_skip_without_an_interface():
+    plan = netrecords.cluster_plan(["n1", "n2", "n3"], dict(FACTS, n3=facts("ens5", "10.0.0.3", 1500)), 9000)
     probes = {"n2": {"address": "10.0.0.2", "full": {"ok": True, "outcome": "ok"}, "base": {"ok": True, "outcome": "ok"}},
               "n3": {"address": "10.0.0.3", "full": {"ok": False, "outcome": "lost"}, "base": {"ok": True, "outcome": "ok"}}}
-    v = filters.network_path_diagnosis(probes, "n1", HV, ["n1", "n2", "n3"], 9000)
-    assert not v["ok"] and v["pairwise"]["path_mtu"] == {"n2": True, "n3": False}
-    assert "MTU n1 eth1 9000, n3 ens5 1500" in v["detail"] and v["fix"].startswith("on n3: ip link set dev ens5")
-    ok = filters.network_path_diagnosis({"n2": probes["n2"]}, "n1", HV, ["n1", "n2"], 9000)
-    assert ok["ok"] and ok["fix"] == "" and "1 peer pass 8972" in ok["detail"]
-
-
-@pytest.mark.parametrize("current,ok", [(9000, True), ("9000", True), (1500, False), (None, False)])
-def test_mtu_verdict_filter(current, ok):
-    assert filters.network_mtu_verdict(current, "n1", "eth1", 9000, False)["ok"] is ok
+    rec = netrecords.path_record("n1", plan, {"probes": probes, "seconds": 0.5})
+    assert rec["status"] == "fail" and rec["data"]["pairwise"]["path_mtu"] == {"n2": True, "n3": False}
+    assert "MTU n1 eth1 9000, n3 ens5 1500" in rec["detail"] and rec["fix"].startswith("on n3: ip link set dev ens5")
+    ok = netrecords.path_record("n1", plan, {"probes": {"n2": probes["n2"]}, "seconds": 0.5})
+    assert ok["status"] == "pass" and ok["fix"] == ""
+    assert ok["detail"].startswith("1 peer pass 8972- and 1472-byte don't-fragment pings (0.5 s); full mesh: 3 of 3")
+    assert netrecords.path_record("n1", plan, None) == {
+        "check": "network.path_mtu", "status": "skip", "detail": "no data interface on this node (see network.iface)"}
 
 
 def test_leftover_of_a_crashed_job_is_known_by_its_launch_token(tmp_path):

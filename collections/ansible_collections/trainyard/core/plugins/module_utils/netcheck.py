@@ -590,8 +590,13 @@ def coverage_text(plan, host=None):
                              plan["subnet_pairs_total"], plan["pairs"], full, pct))
     if host is not None and host in plan["probes"]:
         probed_by = sum(1 for peers in plan["probes"].values() if host in peers)
-        text += "; this node probes %d and is probed by %d" % (len(plan["probes"][host]), probed_by)
+        text += node_share_text(len(plan["probes"][host]), probed_by)
     return text
+
+
+def node_share_text(probes, probed_by):
+    """The end of coverage_text for one node: how many peers it probes and how many probe it."""
+    return "; this node probes %d and is probed by %d" % (probes, probed_by)
 
 
 # --------------------------------------------------------------------------- rendezvous port
