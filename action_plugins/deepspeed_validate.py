@@ -24,7 +24,11 @@ description:
     once) it compares the nodes' files (O(n)) and validates each distinct config once, answering per host."
 options:
   config: {description: The DeepSpeed configuration (one config)., type: dict}
-  build: {description: "One node's config from C({generated, overrides, base_file, base_text, wants, finetuning_type, profile}).", type: dict}
+  build:
+    description: "One node's config from C({settings, overrides, base_file, base_text, finetuning_type, profile}):
+      I(settings) are the deepspeed_config_* variables the config is generated from (plugin_utils/ds_config.py
+      generated) and what the product adds to a user's file; or C({generated, wants, ...}) given ready."
+    type: dict
   hosts: {description: The play's hosts., type: list, elements: str}
   builts: {description: Each host's I(build) result (the order of I(hosts))., type: list, elements: dict}
   validate: {description: With I(hosts), whether to run DeepSpeed (false compares only)., type: bool, default: true}
@@ -228,6 +232,7 @@ if __name__ == "__main__":
 
 # After the child entry point: the child needs no Ansible.
 from ansible.errors import AnsibleActionFail  # noqa: E402
+from ansible.module_utils.parsing.convert_bool import boolean  # noqa: E402
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, render_checks  # noqa: E402
 
 
@@ -269,6 +274,15 @@ class ActionModule(bases.ControllerAction):
                 c.get("written") or {}, str(c.get("majority") or ""), str(c.get("path") or "")))
         if args.get("build") is not None:
             b = bases.need_dict(args["build"], "deepspeed_validate: 'build'")
+            settings = b.get("settings")
+            if settings is not None:  # the generated config and what the product adds to a user's file
+                settings = bases.need_dict(settings, "deepspeed_validate: 'build.settings'")
+                b = dict(b, generated={} if b.get("base_file") else ds_config.generated(settings), wants={
+                    "bf16": settings.get("bf16"), "fp16": settings.get("fp16"),
+                    "finetuning_type": b.get("finetuning_type"),
+                    "gather_16bit": boolean(settings.get("gather_16bit"), strict=False),
+                    "node_local": boolean(settings.get("node_local"), strict=False),
+                    "moe_leaf_classes": settings.get("moe_leaf_classes") if settings.get("moe") else []})
             try:
                 built = ds_config.render(b.get("generated") or {}, b.get("overrides") or {},
                                          str(b.get("base_file") or ""), b.get("base_text") or "", b.get("wants") or {},

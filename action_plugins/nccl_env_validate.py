@@ -29,7 +29,8 @@ options:
   settings:
     description: "The role's settings (the C(nccl_env_*) variables without the prefix, with C(gpu_nics) and
       C(plugin_dir) as the role resolves them, C(visible_devices)); the role's sections are built from them, I(model)
-      and I(ifname) (plugin_utils/nccl_vars.py role_sections). Instead of I(sections)."
+      and I(ifname) (plugin_utils/nccl_vars.py role_sections), and what C(nccl_env.fabric) checks (C(profile),
+      C(gpu_nics), C(plugin_dir), C(ib_hca)) is returned for I(compare). Instead of I(sections)."
     type: dict
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
@@ -38,11 +39,6 @@ options:
     elements: dict
   job: {description: The job's name (C(cluster_job_name)) for the file's header., type: str, default: ""}
   path: {description: Where the file goes on the node (C(nccl_env_path))., type: str, default: ""}
-  fabric:
-    description: "What nccl_env.fabric checks on the node, C({profile, gpu_nics, plugin_dir, ib_hca}), returned as
-      given for I(compare)."
-    type: dict
-    default: {}
   compare:
     description: "Run once: C({hosts, rank_order, iface_uniform}), the play's hosts, the hosts by rank and
       whether the network role found the data interface's name the same everywhere."
@@ -105,6 +101,14 @@ refuse:
   returned: unless I(compare) is given
   type: list
   elements: str
+path:
+  description: The file's path on the node (I(path)), for I(compare).
+  returned: unless I(compare) is given
+  type: str
+fabric:
+  description: "What C(nccl_env.fabric) checks on the node, C({profile, gpu_nics, plugin_dir, ib_hca}), for I(compare)."
+  returned: unless I(compare) is given
+  type: dict
 records:
   description: "With I(compare): C({host: [nccl_env.fabric, nccl_env.consistent]}) for preflight_check."
   returned: with I(compare)
@@ -160,10 +164,12 @@ class ActionModule(bases.ControllerAction):
         profile = str(args.get("profile") or "")
         result = self.record(task_vars, variables_record(env, errors, profile, str(args.get("fix") or "")))
         result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "nccl_env_validate: 'publish'"))
+        settings = args.get("settings") or {}
         return dict(result, ok=not errors, errors=errors, sections=merged, env=env,
                     refuse=[f"{host}: {'; '.join(errors)}"] if errors else [],
                     content=render_checks.env_file_text(merged, str(args.get("job") or ""), managed_header()),
-                    path=str(args.get("path") or ""), fabric=bases.need_dict(args.get("fabric") or {}, "'fabric'"))
+                    path=str(args.get("path") or ""),
+                    fabric={k: settings.get(k, "") for k in ("profile", "gpu_nics", "plugin_dir", "ib_hca")})
 
     @staticmethod
     def compare(args, task_vars):

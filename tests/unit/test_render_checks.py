@@ -171,3 +171,32 @@ def test_role_sections_of_the_other_profiles_and_switches():
     debug = nccl_vars.role_sections(MODEL, "eth0", dict(SETTINGS, debug="INFO", flight_recorder_entries=0))
     assert debug[3]["vars"]["NCCL_DEBUG"] == "INFO" and debug[3]["vars"]["NCCL_DEBUG_SUBSYS"] == "INIT,ENV,NET"
     assert debug[5]["vars"] == {}
+
+
+DS = {"profile": "zero3_offload", "micro_batch_size": "auto", "gradient_accumulation_steps": "auto",
+      "train_batch_size": "auto", "gradient_clipping": 1.0, "steps_per_print": 100, "bf16": True, "fp16": False,
+      "zero3_reduce_bucket_size": 500000000, "zero3_prefetch_bucket_size": 500000000,
+      "zero3_param_persistence_threshold": 1000000, "gather_16bit": True, "node_local": True, "moe": False,
+      "moe_leaf_classes": ["a.B"], "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "scheduler": {}}
+
+
+def test_deepspeed_generated_config_of_each_profile():
+    from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
+
+    offload = ds_config.generated(DS)
+    z = offload["zero_optimization"]
+    assert z["offload_optimizer"] == z["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert z["reduce_bucket_size"] == z["stage3_prefetch_bucket_size"] == "auto" and z["stage"] == 3
+    assert z["stage3_gather_16bit_weights_on_model_save"] is True and "leaf_module" not in z
+    assert offload["checkpoint"] == {"use_node_local_storage": True} and offload["bf16"] == {"enabled": True}
+    assert offload["optimizer"] == DS["optimizer"] and "scheduler" not in offload
+    assert offload["train_micro_batch_size_per_gpu"] == "auto" and offload["wall_clock_breakdown"] is False
+    z3 = ds_config.generated(dict(DS, profile="zero3", moe=True, scheduler={"type": "WarmupLR"}))
+    assert "offload_param" not in z3["zero_optimization"]
+    assert z3["zero_optimization"]["reduce_bucket_size"] == 500000000
+    assert z3["zero_optimization"]["leaf_module"] == {"classes": ["a.B"]} and z3["scheduler"] == {"type": "WarmupLR"}
+    plain = ds_config.generated(dict(DS, profile="none", optimizer={}))
+    assert plain["zero_optimization"] == {"stage3_gather_16bit_weights_on_model_save": True}
+    assert "optimizer" not in plain
+    assert ds_config.merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3, "z": 4}, "c": 5}) == {
+        "a": {"x": 1, "y": 3, "z": 4}, "b": 1, "c": 5}
