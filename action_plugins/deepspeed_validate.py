@@ -24,11 +24,20 @@ description:
     once) it compares the nodes' files (O(n)) and validates each distinct config once, answering per host."
 options:
   config: {description: The DeepSpeed configuration (one config)., type: dict}
-  build: {description: "One node's config from C({generated, overrides, base_file, base_text, wants, finetuning_type, profile}).", type: dict}
+  build:
+    description: "One node's config from C({settings, overrides, base_file, base_text, finetuning_type, profile}):
+      I(settings) are the deepspeed_config_* variables the config is generated from (plugin_utils/ds_config.py
+      generated) and what the product adds to a user's file; or C({generated, wants, ...}) given ready."
+    type: dict
   hosts: {description: The play's hosts., type: list, elements: str}
   builts: {description: Each host's I(build) result (the order of I(hosts))., type: list, elements: dict}
   validate: {description: With I(hosts), whether to run DeepSpeed (false compares only)., type: bool, default: true}
   publish: {description: With I(build), facts to set on the host (the file's path)., type: dict, default: {}}
+  consistent:
+    description: "C({written, majority, path}): this node's job_files answer for ds_config.json, the nodes' majority
+      sha256 and the file's path; records C(deepspeed_config.consistent) (pending in check mode while the write would
+      change the file)."
+    type: dict
   allow_unknown_keys:
     description: Top-level keys to accept although DeepSpeedConfig does not read them (another consumer reads them).
     type: list
@@ -72,6 +81,14 @@ cached:
   description: Whether the result came from the cache.
   returned: always
   type: bool
+refuse:
+  description: "With I(hosts): C({host: [...]}), what the task writing the file refuses on each host."
+  returned: with I(hosts)
+  type: dict
+records:
+  description: "With I(hosts): C({host: [...]}), each node's C(deepspeed_config.lora_gather) and C(deepspeed_config.valid)."
+  returned: with I(hosts)
+  type: dict
 """
 
 import copy
@@ -215,20 +232,35 @@ if __name__ == "__main__":
 
 # After the child entry point: the child needs no Ansible.
 from ansible.errors import AnsibleActionFail  # noqa: E402
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases  # noqa: E402
+from ansible.module_utils.parsing.convert_bool import boolean  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, render_checks  # noqa: E402
+
+
+def refusals(host, lora, verdict, first, enabled=True):
+    """What the task writing ds_config.json refuses on `host`: LoRA under ZeRO-3 saving an empty adapter, a config
+    differing from the first node's (verdict's differs), or one DeepSpeed rejected (when validation is on)."""
+    out = [f"{host}: {lora['detail']}; remove {lora['variable']} or set it to true."] if lora["status"] == "fail" else []
+    if verdict["differs"]:
+        out.append(f"{host}: the DeepSpeed config differs from {first}'s at {', '.join(verdict['differs'])}; look for "
+                   "host_vars/group_vars deepspeed_config_* set for some nodes only: every rank must run with the same "
+                   "config.")
+    if enabled and not verdict["ok"]:
+        out.append(f"{host}: {'; '.join(verdict['errors'])}")
+    return out
 
 
 def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer"):
     """ds_config.compare of the nodes' built configs, run(config) (validate with the task's options) once per
-    distinct config, and each node's records: {hosts: {host: {ok, errors, differs}}, records: {host: [...]},
-    majority, deepspeed_version}."""
+    distinct config, and each node's records: {hosts: {host: {ok, errors, differs}}, refuse: {host: [what the write
+    refuses]}, records: {host: [...]}, majority, deepspeed_version}."""
     contents = [b["content"] for b in builts]
     seen = ds_config.compare(hosts, contents)
     verdicts = {d: run(json.loads(contents[hosts.index(h)])) if enabled else {"ok": True, "errors": []}
                 for d, h in seen["distinct"].items()}
     version = next((v["deepspeed_version"] for v in verdicts.values() if v.get("deepspeed_version")), "")
-    return {"hosts": {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
-                          "differs": seen["differs"].get(h, [])} for h in hosts},
+    nodes = {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
+                 "differs": seen["differs"].get(h, [])} for h in hosts}
+    return {"hosts": nodes, "refuse": {h: refusals(h, b["lora"], nodes[h], hosts[0], enabled) for h, b in zip(hosts, builts)},
             "records": {h: ds_config.records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
                         for h, b in zip(hosts, builts)},
             "majority": seen["majority"], "deepspeed_version": version, "configs_validated": len(verdicts) * enabled}
@@ -236,8 +268,21 @@ def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer")
 
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        if args.get("consistent") is not None:
+            c = bases.need_dict(args["consistent"], "deepspeed_validate: 'consistent'")
+            return self.record(task_vars, render_checks.deepspeed_consistent_record(
+                c.get("written") or {}, str(c.get("majority") or ""), str(c.get("path") or "")))
         if args.get("build") is not None:
             b = bases.need_dict(args["build"], "deepspeed_validate: 'build'")
+            settings = b.get("settings")
+            if settings is not None:  # the generated config and what the product adds to a user's file
+                settings = bases.need_dict(settings, "deepspeed_validate: 'build.settings'")
+                b = dict(b, generated={} if b.get("base_file") else ds_config.generated(settings), wants={
+                    "bf16": settings.get("bf16"), "fp16": settings.get("fp16"),
+                    "finetuning_type": b.get("finetuning_type"),
+                    "gather_16bit": boolean(settings.get("gather_16bit"), strict=False),
+                    "node_local": boolean(settings.get("node_local"), strict=False),
+                    "moe_leaf_classes": settings.get("moe_leaf_classes") if settings.get("moe") else []})
             try:
                 built = ds_config.render(b.get("generated") or {}, b.get("overrides") or {},
                                          str(b.get("base_file") or ""), b.get("base_text") or "", b.get("wants") or {},

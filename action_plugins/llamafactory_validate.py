@@ -25,7 +25,9 @@ description:
     C(errors) so the role can record the check, then stop."
   - "With I(profile) (role train_args, one task per node) it records C(train_args.llamafactory_config) (profile
     C(llamafactory); skip when I(validate) is false) and C(train_args.entrypoint) (looked for on the node with one
-    C(job_files) call; train_args_records says each status), and sets I(publish) as facts."
+    C(job_files) call; train_args_records says each status), and sets the launch role's facts (launch_facts:
+    C(train_args_entrypoint), C(train_args_argv), C(train_args_torchrun_args), C(train_args_resume_arg)). It returns C(content), the LLaMA-Factory config's YAML text, and C(refuse), what the task writing it
+    refuses."
 options:
   config:
     description: The LLaMA-Factory config (what C(llamafactory.launcher) reads from the YAML file).
@@ -46,7 +48,11 @@ options:
   argv: {description: The entry point's arguments (the record's data)., type: list, elements: str}
   fix: {description: "The fixes of the records: C({entrypoint: ..., llamafactory_config: ...}).", type: dict}
   config_file: {description: The LLaMA-Factory config's path on the nodes (the record's data)., type: str}
-  publish: {description: Facts to set on the host (the argument list for the launch role)., type: dict}
+  weights_from:
+    description: With I(profile), a weights-only resume (C(train_args_weights_from)); the resume path then reaches the
+      job by no argument.
+    type: str
+    default: ""
   pythonpath:
     description: Directory holding llamafactory and its pinned dependencies (prepended to PYTHONPATH).
     type: str
@@ -65,6 +71,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+content:
+  description: With I(profile) C(llamafactory), the config file's YAML text (empty for another profile).
+  returned: with I(profile)
+  type: str
+refuse:
+  description: With I(profile), what the task writing the config refuses (the host and LLaMA-Factory's messages), or none.
+  returned: with I(profile)
+  type: list
+  elements: str
 ok:
   description: Whether LLaMA-Factory accepted the config.
   returned: always
@@ -241,6 +256,23 @@ def train_args_records(profile, verdict, entrypoint, found, example, argv, fix, 
     return out
 
 
+def launch_facts(profile, entrypoint, argv, weights_from=""):
+    """The launch role's facts: the entry point and its arguments, the torchrun options before it (the llamafactory
+    launcher runs as a module) and the argument the resume path reaches it by (none for a weights-only resume: the
+    weights come from train_args_weights_from and the optimizer starts fresh)."""
+    lf = profile == "llamafactory"
+    return {"train_args_entrypoint": entrypoint, "train_args_argv": list(argv),
+            "train_args_torchrun_args": ["--module"] if lf else [],
+            "train_args_resume_arg": "resume_from_checkpoint=" if lf and not str(weights_from or "") else ""}
+
+
+def config_text(config):
+    """The LLaMA-Factory config file: a YAML document, keys in the config's order."""
+    from ansible.plugins.filter.core import to_nice_yaml
+
+    return "---\n" + to_nice_yaml(config, indent=2, sort_keys=False)
+
+
 # After the child entry point: the child needs no Ansible.
 import glob  # noqa: E402
 
@@ -277,5 +309,9 @@ class ActionModule(bases.ControllerAction):
                                      len(args.get("config") or {}), len(bases.str_list(args.get("overrides"))),
                                      str(args.get("config_file") or ""))
         result = self.record(task_vars, *records)
-        result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "'publish'"))
-        return dict(result, **(verdict or {"ok": True, "errors": []}))
+        result["ansible_facts"].update(launch_facts(profile, entrypoint, bases.str_list(args.get("argv")),
+                                                    args.get("weights_from") or ""))
+        verdict = verdict or {"ok": True, "errors": []}
+        refuse = [] if verdict["ok"] else [f"{task_vars.get('inventory_hostname')}: {'; '.join(verdict['errors'])}"]
+        return dict(result, **verdict, refuse=refuse,
+                    content=config_text(args.get("config") or {}) if profile == "llamafactory" else "")

@@ -14,18 +14,35 @@ description:
   - Checks every value can be written so that C(docker run --env-file), systemd's C(EnvironmentFile=) and the
     launch module read it the same way (C(;), C(,), C(:) and inner quotes are fine; a line break, a backslash, a
     leading quote or a blank at either end is refused with the reason).
-  - "Runs on the controller only; the host is not contacted. Records C(nccl_env.variables) itself and returns C(ok)
-    and C(errors) (the task writing the file refuses bad ones); fails only when I(model) or I(ifname) is missing."
+  - "Runs on the controller only; the host is not contacted. Records C(nccl_env.variables) itself and returns C(ok),
+    C(errors), C(refuse) (what the task writing the file refuses) and C(content), the file's text; fails only when
+    I(model) or I(ifname) is missing."
+  - "With I(compare) (run once, after the write) it compares every node's env file once (O(n)) from each host's
+    registered C(__nccl_env_validated), C(__nccl_env_write) and C(__nccl_env_plugin), and answers each node's records
+    C(nccl_env.fabric) and C(nccl_env.consistent) (plugin_utils/render_checks.py nccl_env_records) for the role to
+    record on every host."
 options:
   model: {description: The cluster model of the host (C(cluster_model)); given, none or incomplete fails the task., type: dict}
   ifname: {description: The data interface NCCL and gloo use; given, empty fails the task., type: str}
   fix: {description: The fix of the C(nccl_env.variables) record., type: str, default: ""}
   publish: {description: Facts to set on the host (the env file's path and the first launch's variables)., type: dict, default: {}}
+  settings:
+    description: "The role's settings (the C(nccl_env_*) variables without the prefix, with C(gpu_nics) and
+      C(plugin_dir) as the role resolves them, C(visible_devices)); the role's sections are built from them, I(model)
+      and I(ifname) (plugin_utils/nccl_vars.py role_sections), and what C(nccl_env.fabric) checks (C(profile),
+      C(gpu_nics), C(plugin_dir), C(ib_hca)) is returned for I(compare). Instead of I(sections)."
+    type: dict
   sections:
     description: The role's variables, C([{title, vars}]) in file order; a null value leaves the variable out.
+      Required unless I(settings) or I(compare) is given.
     type: list
     elements: dict
-    required: true
+  job: {description: The job's name (C(cluster_job_name)) for the file's header., type: str, default: ""}
+  path: {description: Where the file goes on the node (C(nccl_env_path))., type: str, default: ""}
+  compare:
+    description: "Run once: C({hosts, rank_order, iface_uniform}), the play's hosts, the hosts by rank and
+      whether the network role found the data interface's name the same everywhere."
+    type: dict
   extra:
     description: The user's variables (C(nccl_env_extra)); they may override the role's, but not the rendezvous ones.
     type: dict
@@ -46,7 +63,7 @@ extends_documentation_fragment: [trainyard.core.attributes.controller]
 EXAMPLES = r"""
 - name: Check the variables of the env file
   nccl_env_validate:
-    sections: "{{ _nccl_env_sections }}"
+    sections: [{title: data interface, vars: {NCCL_SOCKET_IFNAME: eth1}}]
     extra: "{{ nccl_env_extra }}"
     allow_unknown: "{{ nccl_env_allow_unknown }}"
   register: __nccl_env_validated
@@ -75,10 +92,32 @@ env:
   description: "The flat C({name: value}) of the file."
   returned: always
   type: dict
+content:
+  description: The file's text.
+  returned: unless I(compare) is given
+  type: str
+refuse:
+  description: What the task writing the file refuses (one line naming the host and every bad name or value), or none.
+  returned: unless I(compare) is given
+  type: list
+  elements: str
+path:
+  description: The file's path on the node (I(path)), for I(compare).
+  returned: unless I(compare) is given
+  type: str
+fabric:
+  description: "What C(nccl_env.fabric) checks on the node, C({profile, gpu_nics, plugin_dir, ib_hca}), for I(compare)."
+  returned: unless I(compare) is given
+  type: dict
+records:
+  description: "With I(compare): C({host: [nccl_env.fabric, nccl_env.consistent]}) for preflight_check."
+  returned: with I(compare)
+  type: dict
 """
 
 from ansible.errors import AnsibleActionFail
-from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars, render_checks
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
@@ -90,8 +129,19 @@ def variables_record(env, errors, profile, fix=""):
             "data": {"profile": profile, "drift": {"nccl_env_profile": profile}}}
 
 
+def managed_header():
+    """The file's first lines: Ansible's managed string (DEFAULT_MANAGED_STR, "Ansible managed") as a comment, what the
+    template module's ansible_managed | comment writes."""
+    from ansible import constants as C
+    from ansible.plugins.filter.core import comment
+
+    return comment(str(C.config.get_config_value("DEFAULT_MANAGED_STR")))
+
+
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        if args.get("compare") is not None:
+            return self.compare(bases.need_dict(args["compare"], "nccl_env_validate: 'compare'"), task_vars)
         host, model = task_vars.get("inventory_hostname"), args.get("model") or {}
         broken = [f"{host}: cluster_model is not set. The validate play (playbooks/validate.yml, role cluster, "
                   "tasks/validate.yml) computes it; run the render roles after it."] * (
@@ -103,6 +153,9 @@ class ActionModule(bases.ControllerAction):
         if broken:
             return dict(failed=True, msg=" ".join(broken))
         sections = args.get("sections")
+        if args.get("settings") is not None:
+            sections = nccl_vars.role_sections(model, str(args.get("ifname") or ""),
+                                               bases.need_dict(args["settings"], "nccl_env_validate: 'settings'"))
         if not isinstance(sections, list) or not all(isinstance(s, dict) and "vars" in s for s in sections):
             raise AnsibleActionFail("nccl_env_validate: 'sections' must be a list of {title, vars}")
         extra = bases.need_dict(args.get("extra") or {}, "nccl_env_extra (NAME: value)")
@@ -111,4 +164,19 @@ class ActionModule(bases.ControllerAction):
         profile = str(args.get("profile") or "")
         result = self.record(task_vars, variables_record(env, errors, profile, str(args.get("fix") or "")))
         result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "nccl_env_validate: 'publish'"))
-        return dict(result, ok=not errors, errors=errors, sections=merged, env=env)
+        settings = args.get("settings") or {}
+        return dict(result, ok=not errors, errors=errors, sections=merged, env=env,
+                    refuse=[f"{host}: {'; '.join(errors)}"] if errors else [],
+                    content=render_checks.env_file_text(merged, str(args.get("job") or ""), managed_header()),
+                    path=str(args.get("path") or ""),
+                    fabric={k: settings.get(k, "") for k in ("profile", "gpu_nics", "plugin_dir", "ib_hca")})
+
+    @staticmethod
+    def compare(args, task_vars):
+        """Every node's records from its registered results, read once for the play from hostvars."""
+        hostvars = task_vars["hostvars"]
+        nodes = {h: {"validated": hostvars[h].get("__nccl_env_validated"), "write": hostvars[h].get("__nccl_env_write"),
+                     "plugin": hostvars[h].get("__nccl_env_plugin")} for h in bases.str_list(args.get("hosts"))}
+        return dict(records=render_checks.nccl_env_records(
+            nodes, bases.str_list(args.get("rank_order")),
+            boolean(args.get("iface_uniform", True), strict=False)))

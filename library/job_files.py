@@ -63,7 +63,7 @@ EXAMPLES = r"""
     directories: [{path: /var/lib/trainyard/train, mode: "0755"}]
     files:
       - path: /var/lib/trainyard/train/nccl.env
-        content: "{{ lookup('ansible.builtin.template', 'nccl.env.j2') }}"
+        content: "{{ __nccl_env_validated.content }}"
         mode: "0644"
     return_content: true
   register: written

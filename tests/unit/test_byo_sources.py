@@ -192,8 +192,9 @@ def test_a_name_the_plugin_stops_on_is_refused_with_its_replacement():
 
 
 def test_the_efa_profile_leaves_device_rdma_to_libfabric():
-    profiles = yaml.safe_load((REPO / "roles/nccl_env/vars/main.yml").read_text())["_nccl_env_profiles"]
-    assert profiles["efa"] == {"FI_PROVIDER": "efa"}
+    from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+
+    assert nccl_vars.role_sections({}, "eth0", {"profile": "efa"})[2]["vars"] == {"FI_PROVIDER": "efa"}
 
 
 # ------------------------------------------------------------------------------------------ tcp fabric check

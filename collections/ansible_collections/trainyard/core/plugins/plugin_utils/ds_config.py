@@ -394,6 +394,52 @@ def _leaf_paths(node, prefix=""):
     return [prefix] if prefix else []
 
 
+def merge(base, over):
+    """base with over merged in recursively (Ansible's combine(recursive=true)): a key of both that is a dict in both
+    is merged, any other value of over replaces base's; base's keys keep their place, new keys follow."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
+
+
+def _zero3(s):
+    """The ZeRO-3 block shared by the profiles; sizes given (zero3) or "auto" (zero3_offload: the Trainer fills them
+    from the model's hidden size)."""
+    return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1000000000,
+            "reduce_bucket_size": s.get("zero3_reduce_bucket_size", "auto"),
+            "stage3_prefetch_bucket_size": s.get("zero3_prefetch_bucket_size", "auto"),
+            "stage3_param_persistence_threshold": s.get("zero3_param_persistence_threshold", "auto"),
+            "stage3_max_live_parameters": 1000000000, "stage3_max_reuse_distance": 1000000000}
+
+
+def generated(s):
+    """The config built from the role's settings s (the deepspeed_config_* variables without the prefix; gather_16bit
+    and node_local are deepspeed_config_gather_16bit_weights_on_model_save and
+    deepspeed_config_node_local_checkpoints, moe a bool), merged in this order: base, profile (zero3_offload,
+    zero3; another leaves ZeRO to the overrides), LoRA save flag and node-local checkpoints, MoE block, optimizer and
+    scheduler (each when given)."""
+    config = {"train_micro_batch_size_per_gpu": s.get("micro_batch_size"),
+              "gradient_accumulation_steps": s.get("gradient_accumulation_steps"),
+              "train_batch_size": s.get("train_batch_size"), "gradient_clipping": s.get("gradient_clipping"),
+              "steps_per_print": s.get("steps_per_print"), "wall_clock_breakdown": False,
+              "bf16": {"enabled": s.get("bf16")}, "fp16": {"enabled": s.get("fp16")}}
+    profile = s.get("profile")
+    if profile == "zero3_offload":
+        config = merge(config, {"zero_optimization": dict(_zero3({}), offload_optimizer={"device": "cpu", "pin_memory": True},
+                                                          offload_param={"device": "cpu", "pin_memory": True})})
+    elif profile == "zero3":
+        config = merge(config, {"zero_optimization": _zero3(s)})
+    config = merge(config, {"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": s.get("gather_16bit")},
+                            "checkpoint": {"use_node_local_storage": s.get("node_local")}})
+    if s.get("moe"):
+        config = merge(config, {"zero_optimization": {"leaf_module": {"classes": s.get("moe_leaf_classes")}}})
+    for key in ("optimizer", "scheduler"):
+        if len(s.get(key) or {}) > 0:
+            config[key] = s[key]
+    return config
+
+
 def render(generated, overrides=None, base_file="", base_text="", wants=None, finetuning_type="lora", profile=""):
     """One node's config: build()'s answer with the LoRA save check (lora_gather), the file's text (content,
     to_nice_json's layout) and its label for the report. A base_file that cannot be read raises ValueError."""

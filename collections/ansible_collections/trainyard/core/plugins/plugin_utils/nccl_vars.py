@@ -433,6 +433,110 @@ def check_value(name: str, value) -> tuple[str | None, str | None]:
 VERBS_PROFILES = ("ib", "roce")
 
 
+def _int(value) -> int:
+    """A setting as a number, 0 when it is none (as Jinja's int filter reads it)."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        try:
+            return int(float(str(value).strip()))
+        except ValueError:
+            return 0
+
+
+def _given(value):
+    """value, or None (the line left out) when it is empty."""
+    return value if len(str(value if value is not None else "")) > 0 else None
+
+
+def _profile_vars(s: dict, ifname: str) -> dict:
+    """The transport lines of profile s["profile"] ({} for an unknown one). ib and roce never write NCCL_IB_DISABLE
+    (NCCL's default uses the HCAs) and leave the HCAs to NCCL unless nccl_env_ib_hca names them. The GCP values are
+    GCP's documented settings (GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpx/nccl-config.yaml;
+    GCP's nccl-env-profile.sh for TCPXO). EFA: FI_PROVIDER=efa as AWS's own launch scripts set it
+    (aws-samples/awsome-distributed-training); not FI_EFA_USE_DEVICE_RDMA, which aws-ofi-nccl's doc/efa-env-var.md
+    says not to set with libfabric >= 1.18 and aws-ofi-nccl >= 1.7 (libfabric aborts the job when it is set on an EFA
+    device without RDMA read: prov/efa/src/rdm/efa_rdm_util.c); a user who needs it puts it in nccl_env_extra."""
+    profile, nics, plugin_dir = s.get("profile"), s.get("gpu_nics", ""), s.get("plugin_dir", "")
+    if profile == "tcp":
+        return {"NCCL_IB_DISABLE": 1,
+                "NCCL_NSOCKS_PERTHREAD": s.get("nsocks_perthread") if _int(s.get("nsocks_perthread")) > 0 else None,
+                "NCCL_SOCKET_NTHREADS": s.get("socket_nthreads") if _int(s.get("socket_nthreads")) > 0 else None}
+    if profile in ("ib", "roce"):
+        return {"NCCL_IB_HCA": _given(s.get("ib_hca", "")), "NCCL_IB_GID_INDEX": _given(s.get("ib_gid_index", ""))}
+    if profile == "efa":
+        return {"FI_PROVIDER": "efa"}
+    if profile == "gcp-tcpx":
+        return {"NCCL_CROSS_NIC": 0, "NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple", "NCCL_NET_GDR_LEVEL": "PIX",
+                "NCCL_P2P_PXN_LEVEL": 0, "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME": nics,
+                "NCCL_GPUDIRECTTCPX_CTRL_DEV": ifname, "NCCL_DYNAMIC_CHUNK_SIZE": 524288,
+                "NCCL_P2P_NET_CHUNKSIZE": 524288, "NCCL_P2P_PCI_CHUNKSIZE": 524288, "NCCL_P2P_NVL_CHUNKSIZE": 1048576,
+                "NCCL_BUFFSIZE": 4194304, "NCCL_NSOCKS_PERTHREAD": 4, "NCCL_SOCKET_NTHREADS": 1,
+                "NCCL_GPUDIRECTTCPX_TX_BINDINGS": _given(s.get("tcpx_tx_bindings", "")),
+                "NCCL_GPUDIRECTTCPX_RX_BINDINGS": _given(s.get("tcpx_rx_bindings", "")),
+                "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS": 500000}
+    if profile == "gcp-tcpxo":
+        return {"NCCL_FASTRAK_CTRL_DEV": ifname, "NCCL_FASTRAK_IFNAME": nics, "NCCL_CROSS_NIC": 0,
+                "NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": 4,
+                "NCCL_P2P_NET_CHUNKSIZE": 524288, "NCCL_P2P_PCI_CHUNKSIZE": 524288, "NCCL_P2P_NVL_CHUNKSIZE": 1048576,
+                "NCCL_FASTRAK_NUM_FLOWS": 2, "NCCL_FASTRAK_ENABLE_CONTROL_CHANNEL": 0, "NCCL_BUFFSIZE": 8388608,
+                "NCCL_FASTRAK_USE_SNAP": 1, "NCCL_FASTRAK_USE_LLCM": 1, "NCCL_NET_GDR_LEVEL": "PIX",
+                "NCCL_FASTRAK_ENABLE_HOTPATH_LOGGING": 0, "NCCL_TUNER_PLUGIN": "libnccl-tuner.so",
+                "NCCL_TUNER_CONFIG_PATH": f"{plugin_dir}/a3plus_tuner_config.textproto",
+                "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE": f"{plugin_dir}/a3plus_guest_config.textproto",
+                "NCCL_FASTRAK_PLUGIN_ACCEPT_TIMEOUT_MS": 600000, "NCCL_NVLS_ENABLE": 0}
+    return {}
+
+
+def role_sections(model: dict, ifname: str, s: dict) -> list[dict]:
+    """The role's sections of the env file, [{title, vars}] in file order (a None value leaves the line out), from
+    the cluster model, the data interface and the role's settings s (the nccl_env_* variables without the prefix;
+    gpu_nics, plugin_dir as resolved by the role, visible_devices: nvidia_driver_visible_devices).
+
+    NCCL_DEBUG auto: the file says WARN, and the launch module gives INFO (with NCCL_DEBUG_SUBSYS) to a node's first
+    launch of the job only (nccl_env_first_launch_env): the first start logs NCCL's transport and interface choices,
+    and the file never changes between runs because of a launch (a converged re-run stays changed=0)."""
+    level = "WARN" if s.get("debug") == "auto" else s.get("debug")
+    transport = _profile_vars(s, ifname)
+    if s.get("p2p_disable"):
+        transport["NCCL_P2P_DISABLE"] = 1
+    if s.get("shm_disable"):
+        transport["NCCL_SHM_DISABLE"] = 1
+    entries, rw = s.get("flight_recorder_entries"), s.get("rw_dir", "")
+    subsys = s.get("debug_subsys", "")
+    return [
+        {"title": "rendezvous (from the cluster model)",
+         "vars": {"MASTER_ADDR": model.get("master_addr"), "MASTER_PORT": model.get("master_port"),
+                  "NNODES": model.get("nnodes"), "NPROC_PER_NODE": model.get("nproc_per_node"),
+                  "WORLD_SIZE": model.get("world_size"), "NODE_RANK": model.get("node_rank")}},
+        {"title": "data interface", "vars": {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}},
+        {"title": f"NCCL transport (profile {s.get('profile')})", "vars": transport},
+        {"title": "errors, timeouts and debugging",
+         "vars": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": s.get("async_error_handling"),
+                  "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": s.get("heartbeat_timeout_s"),
+                  "TRAINYARD_COLLECTIVE_TIMEOUT_S": s.get("collective_timeout_s"),
+                  "DEEPSPEED_TIMEOUT": (_int(s.get("collective_timeout_s")) + 59) // 60,
+                  "NCCL_DEBUG": level,
+                  "NCCL_DEBUG_SUBSYS": subsys if level in ("INFO", "TRACE") and len(subsys) > 0 else None,
+                  "TORCH_DISTRIBUTED_DEBUG": _given(s.get("distributed_debug", ""))}},
+        # CUDA_VISIBLE_DEVICES: the node's GPUs for the job, the same list the report's local-rank map shows
+        # (nvidia_driver role).
+        {"title": "devices and processes",
+         "vars": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": _given(s.get("visible_devices", "")),
+                  "OMP_NUM_THREADS": s.get("omp_num_threads"),
+                  "PYTORCH_CUDA_ALLOC_CONF": _given(s.get("cuda_alloc_conf", ""))}},
+        {"title": "hang diagnosis (PyTorch's NCCL flight recorder, dumped on a collective timeout; per-rank progress "
+                  "files)",
+         "vars": {} if _int(entries) <= 0 else {
+             "TORCH_FR_BUFFER_SIZE": entries, "TORCH_NCCL_TRACE_BUFFER_SIZE": entries,
+             "TORCH_NCCL_DUMP_ON_TIMEOUT": 1, "TORCH_NCCL_ENABLE_MONITORING": 1,
+             "TORCH_FR_DUMP_TEMP_FILE": f"{rw}/flight_recorder/rank_",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{rw}/flight_recorder/rank_",
+             "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{rw}/flight_recorder/pipe_",
+             "TRAINYARD_PROGRESS_DIR": f"{rw}/progress"}},
+    ]
+
+
 def build_env(sections, extra=None, allow=(), profile=""):
     """Merge the role's sections with the user's extras and check every name and value.
 
