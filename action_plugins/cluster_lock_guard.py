@@ -158,10 +158,16 @@ class ActionModule(ActionBase):
         token = record["token"]
         result["record"] = record
 
+        marker = lk.marker_path(MARKER_DIR, pid, ticks)
+        released = lk.released_path(marker, node, path)
         if state == "absent":
             r = self._lock_module(task_vars, path=path, state="absent", token=token)
             if r.get("failed"):
                 return dict(result, **r)
+            if not self._task.check_mode and os.path.exists(marker):
+                # this node's refresher stops on it instead of releasing the lock again when the run exits
+                with open(released, "a"):
+                    pass
             # The lock is the run's bookkeeping, not a change of the cluster: a converged run reports changed=0.
             return dict(result, changed=False, released=bool(r.get("released")))
 
@@ -180,7 +186,11 @@ class ActionModule(ActionBase):
             if r.get("acquired"):
                 result.update(acquired=True, created=bool(r.get("created")), changed=False)
                 if r.get("created") and not self._task.check_mode:
-                    self._start_refresher(lk, task_vars, path, token, pid, ticks, stale_s)
+                    try:
+                        os.unlink(released)  # left by a release earlier in this run
+                    except OSError:
+                        pass
+                    self._start_refresher(lk, task_vars, path, token, pid, ticks, stale_s, released)
                 return result
             holder = r.get("holder")
             if holder is None:  # freed between the tries: take it now
@@ -213,10 +223,11 @@ class ActionModule(ActionBase):
                 announced = True
             time.sleep(min(poll_s, max(0.0, wait_s - waited)))
 
-    def _start_refresher(self, lk, task_vars, path, token, pid, ticks, stale_s):
+    def _start_refresher(self, lk, task_vars, path, token, pid, ticks, stale_s, released):
         """A detached process on the controller: heartbeat every stale_s/4 (at least 1 s) while ansible-playbook
         lives; release when the run's marker file disappears (the callback removes it at exit); stop without
-        releasing when ansible-playbook is gone without that (killed: the lock goes stale)."""
+        releasing when ansible-playbook is gone without that (killed: the lock goes stale), or when the run's
+        release task gave the lock back already (it leaves the file `released`)."""
         os.makedirs(MARKER_DIR, mode=0o700, exist_ok=True)
         marker = lk.marker_path(MARKER_DIR, pid, ticks)
         with open(marker, "a"):
@@ -242,6 +253,9 @@ class ActionModule(ActionBase):
                 # The liveness first: the marker goes before the process, so a dead process whose marker is
                 # still there was killed (leave the lock to go stale); a removed marker means the run ended.
                 alive = lk.pid_alive(pid, ticks)
+                if os.path.exists(released):
+                    os.unlink(released)
+                    break
                 if not os.path.exists(marker):
                     self._lock_module_detached(task_vars, path=path, state="absent", token=token)
                     break

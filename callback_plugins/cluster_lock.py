@@ -35,13 +35,15 @@ def _release_at_exit(marker):
 
 
 def _forget_dead(lk):
-    """Markers of ansible-playbook processes killed over an hour ago (their refreshers stopped long since)."""
+    """Markers (and release notes) of ansible-playbook processes killed over an hour ago (their refreshers stopped
+    long since)."""
     try:
         names = os.listdir(MARKER_DIR)
     except OSError:
         return
     for name in names:
-        stem = name[:-len(".held")] if name.endswith(".held") else ""
+        # <pid>-<ticks>.held, and <pid>-<ticks>.<key>.released (lk.released_path) a refresher did not take
+        stem = name.split(".", 1)[0] if name.endswith((".held", ".released")) else ""
         pid, _, ticks = stem.partition("-")
         path = os.path.join(MARKER_DIR, name)
         try:

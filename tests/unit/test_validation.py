@@ -170,6 +170,19 @@ def test_cluster_values_must_agree_across_hosts_except_the_interface():
     assert "cluster_rendezvous_port differs between trainers" in line and "n2 = 40000" in line
 
 
+def test_the_path_proofs_settings_are_one_per_cluster():
+    # the network role plans the pairs and reads the ping settings once per play: a per-node value would be ignored
+    hv = three(network_path_retries=2)
+    assert run(hv) == []
+    hv["n3"]["network_path_retries"] = 5
+    (line,) = run(hv)
+    assert "network_path_retries differs between trainers" in line and "n3 = 5" in line and "once for the cluster" in line
+    hv["n3"]["network_path_retries"] = 1
+    hv["n1"].pop("network_path_retries")
+    hv["n2"].pop("network_path_retries")
+    assert run(hv) == []  # the value set on n3 is the default the others take
+
+
 def test_reserved_facts_are_refused():
     (line,) = run(three(network_iface="eth1"))
     assert "network_iface is set in the inventory but is a fact computed by the role network" in line
@@ -353,7 +366,8 @@ def test_role_rules_stop_on_the_controller(variables, expect):
     {"container_enabled": False, "launch_runtime": "host", "container_image": "", "container_shm_size": "lots"},
 ])
 def test_role_rules_pass_good_values(variables):
-    assert run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}}) == []
+    assert run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables},
+                          "n2": {"ansible_host": "198.51.100.2", **variables}}) == []
 
 
 def test_every_node_runs_the_same_image_named_once_for_all():

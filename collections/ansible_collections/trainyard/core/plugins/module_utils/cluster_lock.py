@@ -272,6 +272,13 @@ def marker_path(base, pid, ticks):
     return os.path.join(base, "%d-%s.held" % (int(pid), ticks))
 
 
+def released_path(marker, node, path):
+    """Controller-side file the release task leaves for the refresher of (node, lock dir) of the run whose marker
+    this is: the lock is given back already, so the refresher stops without another module run on the node."""
+    key = hashlib.sha256(("%s\0%s" % (node, path)).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return "%s.%s.released" % (marker[:-len(".held")] if marker.endswith(".held") else marker, key)
+
+
 # ---------------------------------------------------------------- the lock file (node side)
 
 def ensure_dir(lock_dir, check_only=False):

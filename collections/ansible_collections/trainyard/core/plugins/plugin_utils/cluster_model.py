@@ -36,6 +36,11 @@ KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "c
 # Cluster variables that may differ between nodes; every other cluster_* value must be the same everywhere.
 # Node-local settings that may differ per node (interface names, disk mount points); the rest is one value per cluster.
 PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface", "cluster_output_root", "cluster_state_dir"})
+# Role variables a play reads once for every node (the network role's path proof: its pairs and its ping settings
+# are planned once per play): like cluster_* values, one value for the cluster.
+ONE_PER_CLUSTER_VARS = frozenset({"network_path_wait_s", "network_path_retries", "network_path_workers",
+                                  "network_connect_timeout_s", "network_path_mtu_full_mesh_max",
+                                  "network_path_mtu_samples", "network_path_mtu_seed"})
 MTU_RANGE = (1280, 9216)
 PORT_RANGE = (1024, 65535)
 # Interface names (regular expressions, full match) never the data interface: module_utils/netcheck.py's list.
@@ -519,19 +524,25 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
     problems += _check_ranks(hosts, hostvars, lenient)
     problems += _check_addresses(hosts, hostvars)
 
-    # ---- cluster variables: uniform across nodes, then their values
-    cluster_vars = sorted({v for h in hosts for v in (hostvars.get(h) or {}) if v.startswith("cluster_")})
+    # ---- cluster variables (and the role variables read once per play): uniform across nodes, then their values
+    cluster_vars = sorted({v for h in hosts for v in (hostvars.get(h) or {})
+                           if v.startswith("cluster_") or v in ONE_PER_CLUSTER_VARS})
     for var in cluster_vars:
         if var in PER_HOST_CLUSTER_VARS or var in removed or var in reserved:
             continue
         seen: dict[str, list[str]] = {}
+        default = (defaults.get(var) if var.startswith("cluster_")
+                   else ((specs.get(var.split("_", 1)[0]) or {}).get(var) or {}).get("default"))
+        by_default: set[str] = set()
         for h in hosts:
             hv = hostvars.get(h) or {}
-            shown = (_show(redact(typed[h].get(var, hv.get(var)), var)) if var in hv
-                     else f"{_show(redact(defaults.get(var), var))} (default)")
+            shown = _show(redact(typed[h].get(var, hv.get(var)) if var in hv else default, var))
+            if var not in hv:
+                by_default.add(shown)
             seen.setdefault(shown, []).append(h)
         if len(seen) > 1:
-            detail = "; ".join(f"{', '.join(hs[:4])}{' …' if len(hs) > 4 else ''} = {v}" for v, hs in seen.items())
+            detail = "; ".join(f"{', '.join(hs[:4])}{' …' if len(hs) > 4 else ''} = {v}"
+                               f"{' (default)' if v in by_default else ''}" for v, hs in seen.items())
             problems.append(Problem(f"{var} differs between trainers ({detail})",
                                     f"set {var} once for the cluster (group_vars/all.yml or the trainers group), "
                                     "not per host"))
