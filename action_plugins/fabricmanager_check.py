@@ -15,8 +15,8 @@ description:
     where the fabric matters (NVSwitches, or C(fabricmanager_required) always) and systemd may run the node (the
     cluster role's host probe, fact C(trainyard_init)); a failed read counts as no GPU facts.
   - Records every C(fabricmanager.*) check as preflight_check does (C(module_utils/nvidia_smi.py) decides them),
-    unless I(install) is set and this node runs the fabric manager itself (C(needed)): then the install's last task
-    records them with I(state) and I(after).
+    unless I(install) is set and this node runs the fabric manager itself (C(needed)); then the task after the
+    install records them with I(state) and I(after).
   - Reads the role's options from the variables of the node (C(fabricmanager_required),
     C(fabricmanager_service_name)).
   - With I(after) (the nvidia_gpu_facts result read after a (re)start, when that task ran), sets the fact
@@ -27,7 +27,7 @@ options:
     type: bool
     default: false
   state:
-    description: This action's own earlier result (the install's last task passes it); nothing is read again.
+    description: This action's own earlier result (the task after the install passes it); nothing is read again.
     type: dict
   after:
     description: With I(state), the nvidia_gpu_facts result read after the fabric manager's (re)start (skipped or
@@ -70,7 +70,7 @@ service:
   returned: when read
   type: dict
 preflight_records:
-  description: The records appended (none where the install's last task records them).
+  description: The records appended (none where the task after the install records them).
   returned: always
   type: list
 """

@@ -28,7 +28,7 @@ options:
     type: str
     required: true
   result_task:
-    description: That task's name as the report names it (C(<role> : <name>)), for the pending device order.
+    description: "That task's name as the report names it (C(<role> : <name>)), for the pending device order."
     type: str
     required: true
 extends_documentation_fragment: [trainyard.core.attributes.controller]
