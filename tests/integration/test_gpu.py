@@ -145,3 +145,23 @@ def test_full_preflight_names_a_fabric_fault(cluster, odd, tmp_path):
     assert r.returncode != 0
     assert re.search(rf"{re.escape(odd)}: fabricmanager\.fabric FAIL: GPU 0 \(00000000:00:06\.0\): state In Progress",
                      r.stdout), r.stdout[-4000:]
+
+
+def test_a_node_that_runs_the_fabric_manager_is_checked_after_the_install(cluster, odd, tmp_path):
+    """fabricmanager_required: always makes every node run the fabric manager (verify only here): the role's first
+    task leaves the checks to the task after the install steps, which records all five and prints a failure."""
+    set_fault(cluster, odd, "fabric=In Progress")
+    r = cluster.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}", "-e", "fabricmanager_required=always",
+                         "-e", "fabricmanager_install=false")
+    assert r.returncode != 0
+    titles = [t.split("]")[0] for t in r.stdout.split("TASK [")[1:]]
+    install = titles.index("fabricmanager : Enable and start the fabric manager")
+    assert titles.index("fabricmanager : Record the fabric manager checks after the install") > install, titles
+    assert re.search(rf"{re.escape(odd)}: fabricmanager\.fabric FAIL: GPU 0 \(00000000:00:06\.0\): state In Progress",
+                     r.stdout), r.stdout[-4000:]
+    recs = records(tmp_path)
+    for n in cluster.nodes:
+        fm = {c: rec["status"] for (h, c), rec in recs.items() if h == n and c.startswith("fabricmanager.")}
+        assert fm == {"fabricmanager.nvswitch": "pass", "fabricmanager.version": "pass",
+                      "fabricmanager.service": "skip", "fabricmanager.nvlink": "pass",
+                      "fabricmanager.fabric": "fail" if n == odd else "pass"}, (n, fm)

@@ -1,17 +1,10 @@
 # -*- coding: utf-8 -*-
-"""Filters of the fabricmanager role: the node's fabric checks as preflight records.
+"""Filters of the fabricmanager role: the package name of the fabric manager for a driver version.
 
-The logic is in module_utils/nvidia_smi.py (pure, unit-tested in tests/unit/test_nvidia_smi.py).
+The checks are recorded by action_plugins/fabricmanager_check.py (module_utils/nvidia_smi.py decides them).
 """
 
 from __future__ import annotations
-
-from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
-
-
-def fabricmanager_records(facts, host, opts):
-    """This node's fabricmanager checks (list of preflight records)."""
-    return nvidia_smi.fabricmanager_records(host, facts or None, dict(opts or {}))
 
 
 def fabricmanager_package(driver_version, branch_rename=590):
@@ -23,4 +16,4 @@ def fabricmanager_package(driver_version, branch_rename=590):
 
 class FilterModule:
     def filters(self):
-        return {"fabricmanager_records": fabricmanager_records, "fabricmanager_package": fabricmanager_package}
+        return {"fabricmanager_package": fabricmanager_package}
