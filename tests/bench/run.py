@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark suite (`make bench`): prints tables and writes docs/benchmarks.md.
 
-    python3 tests/bench/run.py [--sizes 2,4,8,16] [--repeats 3] [--only site,faults,...]
+    .venv/bin/python tests/bench/run.py [--sizes 2,4,8,16] [--repeats 3] [--only site,faults,...]
 
 What it measures (medians of --repeats runs; ratios measured side by side in one run):
   bringup   simulated-cluster bring-up time (3 nodes, images cached)
@@ -275,7 +275,7 @@ def main() -> int:
     only = set(args.only.split(","))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     sections = [f"# Benchmarks\n\nMachine: {machine()}  \nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  \n"
-                f"Command: `python3 tests/bench/run.py --sizes {args.sizes} --repeats {args.repeats} --only {args.only}` "
+                f"Command: `.venv/bin/python tests/bench/run.py --sizes {args.sizes} --repeats {args.repeats} --only {args.only}` "
                 "(`make bench`)\n"]
     keep_header = not (only & {"site", "faults", "scripts"})  # a scale-only run keeps the other tables' header
     if "scale" in only:
@@ -284,7 +284,7 @@ def main() -> int:
             results = json.loads(scale.RAW.read_text())
             command = results.get("command", "")
         else:
-            command = (f"python3 tests/bench/run.py --only scale --sizes {args.sizes} --repeats {args.repeats}"
+            command = (f".venv/bin/python tests/bench/run.py --only scale --sizes {args.sizes} --repeats {args.repeats}"
                        + (f" --config-at {args.config_at}" if args.config_at else ""))
             results = scale.bench_scale(sizes, args.repeats, args.config_at)
             results["command"] = command

@@ -1,6 +1,6 @@
 """The scale section of `make bench` (tests/bench/run.py --only scale): converged site.yml on light nodes.
 
-    python3 tests/bench/run.py --only scale --sizes 16,32,64 [--config-at 32]
+    .venv/bin/python tests/bench/run.py --only scale --sizes 16,32,64 [--config-at 32]
 
 Per cluster size (light simulated nodes, `simcluster.py up --kind light`: sshd and Python only; the inventory
 turns the engine and torch roles off through the product's variables, and the launch play is left out with
