@@ -81,15 +81,10 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import bases, gpu_c
 
 
 class ActionModule(bases.ControllerAction):
-    def _var(self, task_vars, name, default=None):
-        if name not in task_vars:
-            return default
-        return self._templar.template(task_vars[name])
-
     def decide(self, args, task_vars):
         host = task_vars.get("inventory_hostname")
-        required = str(self._var(task_vars, "fabricmanager_required", "auto"))
-        service_name = str(self._var(task_vars, "fabricmanager_service_name", "nvidia-fabricmanager"))
+        required = str(self.var(task_vars, "fabricmanager_required", "auto"))
+        service_name = str(self.var(task_vars, "fabricmanager_service_name", "nvidia-fabricmanager"))
         probe = (task_vars.get("ansible_facts") or {}).get("trainyard_init")
         known = "nvidia_gpu_facts" in task_vars
         state = args.get("state")

@@ -92,12 +92,6 @@ def _int(value):
 
 
 class ActionModule(bases.ControllerAction):
-    def _var(self, task_vars, name, default=None):
-        """A variable of this node, templated (an inventory value may be a template), default when unset."""
-        if name not in task_vars:
-            return default
-        return self._templar.template(task_vars[name])
-
     def decide(self, args, task_vars):
         name, task = args.get("result"), args.get("result_task")
         if not name or not isinstance(name, str) or not task or not isinstance(task, str):
@@ -108,17 +102,17 @@ class ActionModule(bases.ControllerAction):
         results = {h: registered(task_vars, h, name) for h in task_vars.get("ansible_play_hosts") or [host]}
         results[host] = task_vars.get(name)
         model = task_vars.get("cluster_model") or {}
-        gpus_per_node = self._var(task_vars, "cluster_gpus_per_node")
-        visible = self._var(task_vars, "nvidia_driver_visible_devices", "")
+        gpus_per_node = self.var(task_vars, "cluster_gpus_per_node")
+        visible = self.var(task_vars, "nvidia_driver_visible_devices", "")
         opts = {
-            "version": self._var(task_vars, "nvidia_driver_version", ""),
-            "branch": str(self._var(task_vars, "nvidia_driver_branch", "")),
+            "version": self.var(task_vars, "nvidia_driver_version", ""),
+            "branch": str(self.var(task_vars, "nvidia_driver_branch", "")),
             "gpus_per_node": gpus_per_node,
-            "nproc_per_node": model.get("nproc_per_node", self._var(task_vars, "cluster_nproc_per_node")),
+            "nproc_per_node": model.get("nproc_per_node", self.var(task_vars, "cluster_nproc_per_node")),
             "gpu_ranks": _int(1 if gpus_per_node is None else gpus_per_node) > 0,
             "visible_devices": visible,
-            "shared_gpus_ok": boolean(self._var(task_vars, "nvidia_driver_allow_shared_gpus", False), strict=False),
-            "device_order_file": self._var(task_vars, "nvidia_driver_environment_file"),
+            "shared_gpus_ok": boolean(self.var(task_vars, "nvidia_driver_allow_shared_gpus", False), strict=False),
+            "device_order_file": self.var(task_vars, "nvidia_driver_environment_file"),
         }
 
         def visible_of(peer):
@@ -128,9 +122,9 @@ class ActionModule(bases.ControllerAction):
                 return ""
 
         health = None
-        if boolean(self._var(task_vars, "nvidia_driver_health_checks", True), strict=False):
+        if boolean(self.var(task_vars, "nvidia_driver_health_checks", True), strict=False):
             health = {"node_rank": model.get("node_rank"), "nproc_per_node": model.get("nproc_per_node"),
-                      "visible": visible, "since": self._var(task_vars, "nvidia_driver_xid_since", 0)}
+                      "visible": visible, "since": self.var(task_vars, "nvidia_driver_xid_since", 0)}
         records = gpu_checks.driver_records(host, results, opts, visible_of, health)
         # Check mode: the device order the nvidia_gpu_facts task would write is pending on it, not a failure.
         for rec in records:

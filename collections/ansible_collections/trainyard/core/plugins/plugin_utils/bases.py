@@ -26,6 +26,12 @@ class ControllerAction(ActionBase):
         result.update(self.decide(self._task.args, task_vars or {}))
         return result
 
+    def var(self, task_vars, name, default=None):
+        """A variable of this host, templated (an inventory value may be a template); default when unset."""
+        if name not in task_vars:
+            return default
+        return self._templar.template(task_vars[name])
+
     def record(self, task_vars, *records):
         """preflight_check's result recording `records` for this host: an action records its checks itself."""
         from ansible.plugins.loader import action_loader
