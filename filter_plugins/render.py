@@ -5,8 +5,7 @@ importable by tests; the roles' checks are built in plugin_utils/render_checks.p
 from __future__ import annotations
 
 # The pure functions of the checks live in plugin_utils/render_checks.py (the roles' actions use them too).
-from ansible_collections.trainyard.core.plugins.plugin_utils.render_checks import (  # noqa: F401 - filters and tests use them
-    nccl_fabric, nccl_fabric_probe, socket_ifaces, written_text)
+from ansible_collections.trainyard.core.plugins.plugin_utils.render_checks import written_text
 
 
 def argv(options, extra=None):

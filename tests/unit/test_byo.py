@@ -10,11 +10,11 @@ import pytest
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from ansible_collections.trainyard.core.plugins.plugin_utils import render_checks
 from ansible_collections.trainyard.core.plugins.module_utils import launcher
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import REPO, load
 
-render = load("filter_plugins/render.py")
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_byo")
 bench = load("roles/nccl_check/files/allreduce_bench.py", "allreduce_bench_byo")
@@ -281,7 +281,7 @@ def test_ib_disable_is_refused_under_ib_and_roce_but_not_tcp():
      "GPU NICs missing: eth5"),
 ])
 def test_fabric_verdicts(args, status, text):
-    v = render.nccl_fabric(*args)
+    v = render_checks.nccl_fabric(*args)
     assert v["status"] == status and text in v["detail"], v
     if status == "fail":
         assert v["fix"] and "tcp" not in v["fix"].split("profile")[-1].split()[:1]
@@ -294,14 +294,14 @@ def test_fabric_verdict_from_the_env_file_task_s_own_probe():
                          "/sys/class/infiniband/*": ["/sys/class/infiniband/mlx5_0", "/sys/class/infiniband/mlx5_1"]},
              "read": {"/sys/class/infiniband/mlx5_0/ports/1/link_layer": b64("InfiniBand\n"),
                       "/sys/class/infiniband/mlx5_1/ports/1/link_layer": b64("Ethernet\n")}}
-    assert render.nccl_fabric_probe("tcp", probe, ifname="eth1")["status"] == "pass"
-    assert render.nccl_fabric_probe("tcp", probe, ifname="eth9")["status"] == "fail"
-    assert render.nccl_fabric_probe("tcp", {"skipped": True}, ifname="eth1")["status"] == "skip"
-    v = render.nccl_fabric_probe("roce", probe)
+    assert render_checks.nccl_fabric_probe("tcp", probe, ifname="eth1")["status"] == "pass"
+    assert render_checks.nccl_fabric_probe("tcp", probe, ifname="eth9")["status"] == "fail"
+    assert render_checks.nccl_fabric_probe("tcp", {"skipped": True}, ifname="eth1")["status"] == "skip"
+    v = render_checks.nccl_fabric_probe("roce", probe)
     assert v["status"] == "pass" and "mlx5_0, mlx5_1" in v["detail"], v
-    v = render.nccl_fabric_probe("ib", dict(probe, read={}), ib_hca="mlx5_0:1")
+    v = render_checks.nccl_fabric_probe("ib", dict(probe, read={}), ib_hca="mlx5_0:1")
     assert v["status"] == "pass", v
-    v = render.nccl_fabric_probe("gcp-tcpx", probe, {"rc": 0, "stdout": "/usr/local/tcpx/lib64/libnccl-net.so"},
+    v = render_checks.nccl_fabric_probe("gcp-tcpx", probe, {"rc": 0, "stdout": "/usr/local/tcpx/lib64/libnccl-net.so"},
                                  "eth1,eth2")
     assert v["status"] == "fail" and "GPU NICs missing: eth2" in v["detail"], v
 

@@ -7,14 +7,13 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars as nv
+from ansible_collections.trainyard.core.plugins.plugin_utils import render_checks
 from conftest import REPO, load
 
-render = load("filter_plugins/render.py", "render_byo_sources")
 
 dv = load("action_plugins/deepspeed_validate.py", "deepspeed_validate_byo_sources")
 
@@ -203,7 +202,7 @@ def test_the_efa_profile_leaves_device_rdma_to_libfabric():
                                          ("^docker,lo,veth,eth", ["ens5"]), ("^=eth0", ["docker0", "ens5", "eth1",
                                                                                          "lo"])])
 def test_socket_ifname_selects_as_nccl_does(spec, chosen):
-    assert render.socket_ifaces(spec, ["lo", "eth0", "eth1", "docker0", "ens5"]) == chosen
+    assert render_checks.socket_ifaces(spec, ["lo", "eth0", "eth1", "docker0", "ens5"]) == chosen
 
 
 @pytest.mark.parametrize("ifname,ifaces,status,text", [
@@ -213,7 +212,7 @@ def test_socket_ifname_selects_as_nccl_does(spec, chosen):
     ("", ["eth0"], "skip", "NCCL picks"),
 ])
 def test_tcp_fabric_verdict(ifname, ifaces, status, text):
-    v = render.nccl_fabric("tcp", ifname=ifname, net_ifaces=ifaces)
+    v = render_checks.nccl_fabric("tcp", ifname=ifname, net_ifaces=ifaces)
     assert v["status"] == status and text in v["detail"], v
     assert bool(v["fix"]) == (status == "fail")
     if status == "fail":

@@ -11,7 +11,6 @@ import socket
 import sys
 import time
 
-import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import netcheck, procgroup
 from ansible_collections.trainyard.core.plugins.plugin_utils import netrecords
