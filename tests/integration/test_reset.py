@@ -175,11 +175,16 @@ def test_job_reset_reports_a_foreign_listener_and_still_cleans_other_nodes(clust
     head, down = cluster.nodes[0], cluster.nodes[-1]
     states = {}
     try:
-        # A stuck listener on the port that is not the job's: reported with its PID, left alone.
+        # A stuck listener on the port that is not the job's: reported with its PID, left alone. SO_REUSEADDR as a
+        # server sets it: an earlier test's connections to the port may still be in TIME_WAIT on the head.
         cluster.exec(head, ["sh", "-c", f"exec python3 -c 'import socket,time; s=socket.socket(); "
+                                        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                                         f"s.bind((\"0.0.0.0\",{PORT})); s.listen(); time.sleep(3600)' "
                                         "</dev/null >/dev/null 2>&1"], detach=True)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not listening(cluster, head, PORT) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert listening(cluster, head, PORT), f"the test's own listener on {head}:{PORT} did not start"
         for n in cluster.nodes[1:]:
             states[n] = crash_fake_job(cluster, n)
         import subprocess
