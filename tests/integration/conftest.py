@@ -189,6 +189,7 @@ def make_cluster():
     made: list[str] = []
 
     def _make(name: str, nodes: int = 3, mtu: int = 9000) -> SimCluster:
+        name = os.environ.get("TY_SIM_PREFIX", "") + name  # parallel sessions on one engine keep apart
         made.append(name)
         return sim_up(name, nodes, mtu)
 
