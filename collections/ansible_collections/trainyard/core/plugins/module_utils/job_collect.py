@@ -18,6 +18,7 @@ import os
 import re
 import stat
 
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import looks_secret as _looks_secret
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import read_n as _read_n
 
 # ----------------------------------------------------------------------------------------- safe reads
@@ -185,12 +186,13 @@ def read_progress(tree):
 
 # ----------------------------------------------------------------------------------------- secrets
 
-_SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE|CREDENTIAL|AUTH)", re.I)
 REDACTED = "<redacted>"
 
 
 def is_secret_name(name):
-    return bool(_SECRET.search(str(name)))
+    """The one secret-name rule (torchrun.SECRET_NAME, docs/security.md "Secrets"): the bundle hides what the
+    launch's results and the validate play hide."""
+    return _looks_secret(name)
 
 
 def redact_env_text(text):

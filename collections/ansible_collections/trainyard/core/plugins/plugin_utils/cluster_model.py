@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import lock_dir_problem
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import EXCLUDED_EXACT, EXCLUDED_PREFIXES
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import SECRET_NAME
 
 TRAINERS = "trainers"
 KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "container_", "nccl_env_",
@@ -63,9 +64,8 @@ DENIED_ROOTS = frozenset({
 DENIED_ROOT_RE = re.compile(r"^/lib[^/]*$")                      # /lib, /lib32, /lib64, /libx32, ...
 # Kernel file systems: no path below them holds job data.
 DENIED_TREES = ("/proc", "/sys", "/dev/pts", "/dev/mqueue")
-# Variable names (or env keys) whose values are never printed.
-SECRET_NAME_RE = re.compile(r"token|secret|passw|pwd|key|credential|cred|auth|cookie|private|signature|session",
-                            re.I)
+# Variable names (or env keys) whose values are never printed: the one rule of module_utils/torchrun.py.
+SECRET_NAME_RE = SECRET_NAME
 HIDDEN = "<hidden>"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IFACE_RE = re.compile(r"^[^\s/:]{1,15}$")
