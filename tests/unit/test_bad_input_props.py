@@ -76,7 +76,7 @@ def test_path_check_matches_normpath_and_never_raises(path):
     if path.strip().startswith("/"):
         norm = cm.normalise_path(path)
         assert norm == "/" + posixpath.normpath(path.strip()).lstrip("/")
-        assert bool(problems) == cm.denied_path(norm)
+        assert bool(problems) == (cm.denied_path(norm) or ".." in path.strip().split("/"))
 
 
 @SETTINGS

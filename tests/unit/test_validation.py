@@ -218,12 +218,10 @@ def test_container_off_with_the_docker_runtime_is_stopped():
 @pytest.mark.parametrize("var,value,norm", [
     ("cluster_output_root", "//", "/"),
     ("cluster_output_root", "/tmp/", "/tmp"),
-    ("cluster_output_root", "/srv/../tmp", "/tmp"),
     ("cluster_output_root", "/dev/./shm", "/dev/shm"),
     ("cluster_state_dir", "/var/lib/", "/var/lib"),
     ("cluster_shared_root", "/home//", "/home"),
     ("cluster_code_dir", "/usr/./", "/usr"),
-    ("janitor_root", "/etc/../etc", "/etc"),
     ("janitor_root", "/var/tmp", "/var/tmp"),
     ("janitor_root", "/lib64", "/lib64"),
     ("launch_log", "/proc/self/fd/1", "/proc/self/fd/1"),
@@ -234,6 +232,20 @@ def test_dangerous_path_spellings_are_stopped(var, value, norm):
     (line,) = run(three(**{var: value}))
     assert line.startswith(f"Stop if {var} ") and repr(value) in line and f"normalises to {norm}" in line
     assert "Fix: " in line and "on all 3 trainers" in line
+
+
+@pytest.mark.parametrize("var,value", [
+    ("cluster_output_root", "/var/run/../etc"), ("janitor_root", "/bin/../share"), ("cluster_state_dir", "/srv/.."),
+    ("cluster_code_dir", "/srv/trainyard/code/../../../etc/"), ("launch_log", "/srv/x/../y.log"),
+    ("container_mounts_extra", [{"source": "/data/../var/lib/docker", "target": "/d"}]),
+    ("launch_env_files", ["/srv/a.env", "/srv/b/../../etc/shadow"]),
+])
+def test_dot_dot_is_refused_in_every_path_variable(var, value):
+    """'..' after a symbolic link resolves elsewhere on the node (/var/run -> /run: /var/run/../etc is /etc, and
+    /bin/../share is /usr/share where /bin -> usr/bin): refused outright, whatever it would normalise to."""
+    (line,) = run(three(**{var: value}))
+    assert line.startswith(f"Stop if {var}") and "contains '..'" in line and "on all 3 trainers" in line, line
+    assert line.endswith("Fix: write the path without '..'"), line
 
 
 @pytest.mark.parametrize("var,value", [("cluster_output_root", "srv/outputs"), ("janitor_root", "./out"),
@@ -400,3 +412,43 @@ def test_a_lock_dir_the_container_mounts_stops_the_run_before_any_host_is_contac
     (line,) = run(hosts)
     assert "cluster_lock_dir /data/lock and cluster_state_dir /data on n2 (" in line, line
     assert run(three(cluster_lock_dir="/var/lib/trainyard-lock")) == []
+
+
+# ----------------------------------------------------------------------------------- host-only paths
+@pytest.mark.parametrize("hostvars,var,where,mount", [
+    ({"cluster_state_dir": "/srv/trainyard/outputs/state"}, "cluster_state_dir", "is inside",
+     "cluster_output_root /srv/trainyard/outputs"),
+    ({"cluster_state_dir": "/srv/trainyard//outputs/./state/"}, "cluster_state_dir", "is inside",
+     "cluster_output_root /srv/trainyard/outputs"),
+    ({"cluster_state_dir": "/srv/trainyard"}, "cluster_state_dir", "holds", "cluster_output_root /srv/trainyard/outputs"),
+    ({"cluster_state_dir": "/srv/trainyard/code"}, "cluster_state_dir", "is", "cluster_code_dir /srv/trainyard/code"),
+    ({"janitor_dir": "/srv/trainyard/code/janitor"}, "janitor_dir", "is inside", "cluster_code_dir"),
+    ({"janitor_dir": "/srv/trainyard/shared/"}, "janitor_dir", "is", "cluster_shared_root"),
+    ({"launch_secret_env_file": "/srv/trainyard/outputs/secret.env"}, "launch_secret_env_file", "is inside",
+     "cluster_output_root"),
+    ({"container_mounts_extra": [{"source": "/run/trainyard", "target": "/rt"}]}, "launch_secret_env_file",
+     "is inside", "container_mounts_extra[0].source /run/trainyard"),
+    ({"container_mounts_extra": [{"source": "/var/lib/trainyard-lock/", "target": "/l"}]}, "cluster_lock_dir", "is",
+     "container_mounts_extra[0].source /var/lib/trainyard-lock"),
+    ({"container_mounts_extra": [{"source": "/var/lib/trainyard/job/", "target": "/j"}]}, "cluster_state_dir",
+     "holds", "container_mounts_extra[0].source /var/lib/trainyard/job"),
+    ({"container_env_file": "/srv/trainyard/code/.env"}, "container_env_file", "is inside", "cluster_code_dir"),
+    ({"network_state_file": "/srv/trainyard/outputs/launch.json"}, "network_state_file", "is inside",
+     "cluster_output_root"),
+])
+def test_host_only_paths_never_inside_a_mounted_directory(hostvars, var, where, mount):
+    """Control state, locks and secrets inside (or equal to, or around) any directory the container mounts: one
+    line per path with the value, the mount and the fix, from the validate play (no host contacted)."""
+    (line,) = run(three(**hostvars))
+    assert line.startswith(f"Stop if {var} {where} a directory the training container mounts ({var} "), line
+    assert mount in line and f"Fix: put {var} outside every mounted directory" in line and "on all 3 trainers" in line
+
+
+def test_only_the_jobs_own_parts_may_be_mounted_below_the_state_directory():
+    """job-ro and job-rw below <cluster_state_dir>/<job> are the job's by design (the default mounts); the job's
+    state directory itself is not."""
+    (line,) = run(three(container_mounts_extra=[{"source": "/var/lib/trainyard/demo", "target": "/s"}],
+                        cluster_job_name="demo"))
+    assert line.startswith("Stop if cluster_state_dir holds a directory the training container mounts"), line
+    assert run(three(cluster_state_dir="/var/lib/ty", janitor_dir="/var/lib/ty/demo", cluster_job_name="demo")) == []
+    assert run(three(cluster_state_dir="/var/lib/ty/")) == []

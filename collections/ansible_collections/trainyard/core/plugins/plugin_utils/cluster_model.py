@@ -716,6 +716,8 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
     if v("container_enabled") is not False:
         problems.extend(_container_rules(h, t, v))
 
+    problems.extend(host_only_rules(h, t, v))
+
     # launch (was tasks/preflight.yml): sidecars the inventory gives; the janitor's own is built by its role
     for var in ("launch_sidecars", "launch_sidecars_extra"):
         for item in t.get(var) if isinstance(t.get(var), list) else []:
@@ -724,6 +726,93 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
                 stop(f"a sidecar of {var} has no name or no argv list ({_show(redact(item))})",
                      "give each sidecar as {name: <name>, argv: [program, arg, ...]}")
     return problems
+
+
+# Host-only paths (docs/security.md "Paths"): control state, locks and secrets that the job must never read or
+# write, so never inside, equal to or around a directory the training container mounts. (variable, kind, default
+# when the variable is not set: a cluster_* template resolved here, None when it names other variables.)
+HOST_ONLY_PATHS = (
+    ("cluster_state_dir", "dir", None),
+    ("janitor_dir", "dir", "{{ cluster_state_dir }}/{{ cluster_job_name }}"),
+    ("network_state_file", "file", "{{ cluster_state_dir }}/{{ cluster_job_name }}/launch.json"),
+    ("launch_secret_env_file", "file", "/run/trainyard/{{ cluster_job_name }}/secret.env"),
+    ("container_env_file", "file", None),
+    ("cluster_lock_dir", "dir", None),
+)
+# The job's own parts of the state directory, mounted by design (module_utils/torchrun.py JOB_RO_DIR, JOB_RW_DIR).
+_JOB_PARTS = ("job-ro", "job-rw")
+
+
+def _around(a: str, b: str) -> bool:
+    """a and b (normalised, absolute) are the same directory or one holds the other."""
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def mounted_dirs(t: Mapping, v) -> list[tuple[str, str]]:
+    """[(variable, normalised path)] of every host directory the job sees: the cluster's output, shared and code
+    roots and every container_mounts / container_mounts_extra source (cluster_* templates resolved); each directory
+    once, named by the first variable that gives it. One that path_problems stops (a system directory, '..', a
+    relative path) is left out: it has its own line."""
+    out: dict[str, str] = {}
+
+    def add(var: str, path: Any) -> None:
+        if isinstance(path, str) and path.strip().startswith("/") and not _templated(path) \
+                and not path_problems(var, path, []):
+            out.setdefault(normalise_path(path), var)
+
+    for var in ("cluster_output_root", "cluster_shared_root", "cluster_code_dir"):
+        add(var, v(var))
+    for var in MOUNT_VARS:
+        mounts = v(var)
+        for i, m in enumerate(mounts if isinstance(mounts, list) else []):
+            add(f"{var}[{i}].source", _resolve_cluster_refs(m.get("source"), v) if isinstance(m, Mapping) else None)
+    return [(var, path) for path, var in out.items()]
+
+
+def host_only_rules(h: str, t: Mapping, v) -> list[Problem]:
+    """One "Stop if" line for each host-only path (HOST_ONLY_PATHS) that lies inside, is, or holds a directory the
+    training container mounts, whatever its spelling. The job's own job-ro and job-rw parts alone may be mounted
+    below the state directory (<cluster_state_dir>/<job>/job-rw) and below janitor_dir (<janitor_dir>/job-rw)."""
+    problems: list[Problem] = []
+    mounts = mounted_dirs(t, v)
+    roots = {normalise_path(p) for p in (v(x) for x in PATH_VARS) if isinstance(p, str) and p.startswith("/")}
+    flagged: set[str] = set()
+    for var, kind, default in HOST_ONLY_PATHS:
+        if var not in t and default and "cluster_state_dir" in default and "cluster_state_dir" in flagged:
+            continue  # a default below a state directory already stopped: one line, one fix
+        value = t[var] if var in t else (_resolve_cluster_refs(default, v) if default else v(var))
+        if not isinstance(value, str) or not value.strip().startswith("/") or _templated(value) \
+                or path_problems(var, value, []):
+            continue  # not a path yet, or one with a line of its own
+        path = normalise_path(value)
+        for mvar, mpath in mounts:
+            if var == "cluster_lock_dir" and any(_around(mpath, r) and mpath.startswith(r) for r in roots):
+                continue  # within the cluster's own roots: lock_dir_problem's line already names it
+            inside = path == mpath or path.startswith(mpath.rstrip("/") + "/")
+            holds = kind == "dir" and mpath.startswith(path.rstrip("/") + "/")
+            if holds and posixpath.basename(mpath) in _JOB_PARTS:
+                parent = posixpath.dirname(mpath)
+                if (var == "janitor_dir" and parent == path) or \
+                        (var == "cluster_state_dir" and posixpath.dirname(parent) == path):
+                    continue
+            if not (inside or holds):
+                continue
+            where = "is" if path == mpath else ("is inside" if inside else "holds")
+            what = "secrets" if var in ("launch_secret_env_file", "container_env_file") else "control state"
+            problems.append(Problem(
+                f"{var} {where} a directory the training container mounts ({var} {value} normalises to {path}; "
+                f"{mvar} {mpath}): host-only {what} the job could read or replace",
+                f"put {var} outside every mounted directory (e.g. {_HOST_ONLY_EXAMPLE[var]}), or mount {mpath} "
+                "elsewhere", var, value, [h], True))
+            flagged.add(var)
+            break
+    return problems
+
+
+_HOST_ONLY_EXAMPLE = {"cluster_state_dir": "/var/lib/trainyard", "janitor_dir": "the default <cluster_state_dir>/<job>",
+                      "network_state_file": "the default <cluster_state_dir>/<job>/launch.json",
+                      "launch_secret_env_file": "the default /run/trainyard/<job>/secret.env",
+                      "container_env_file": "/etc/trainyard/<job>.env", "cluster_lock_dir": "/var/lib/trainyard-lock"}
 
 
 MOUNT_KEYS = frozenset({"source", "target", "read_only", "create"})
@@ -1039,6 +1128,11 @@ def path_problems(var: str, path: Any, hosts: list) -> list[Problem]:
     """One "Stop if" problem when path is relative or names a system directory, whatever its spelling."""
     if not isinstance(path, str) or not path.strip() or _templated(path):
         return []
+    if ".." in path.strip().split("/"):
+        # Refused, not resolved: the node resolves '..' after the symbolic links before it (/var/run -> /run), so
+        # the directory validation would see and the one the roles write can differ.
+        return [Problem(f"{var} contains '..' (the node resolves it after any symbolic link before it, e.g. "
+                        "/var/run/../etc is /etc)", "write the path without '..'", var, path, hosts, True)]
     if not path.strip().startswith("/") and var.split("[")[0] not in RELATIVE_OK:
         example = "/" + path.strip().lstrip("./~").lstrip("/")
         return [Problem(f"{var} is not an absolute path (relative paths depend on where a task runs)",
