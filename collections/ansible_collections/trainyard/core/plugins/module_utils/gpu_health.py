@@ -26,6 +26,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import _text
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import capped_lines
 
 # ----------------------------------------------------------------------------------------- the Xid table
 # code -> (what it means, severity, fix). Severity: "fail" (the GPU or node needs action before the job runs
@@ -112,7 +113,9 @@ _PID = re.compile(r"\bpid=['\"]?(?P<pid>\d+)")
 _NAME = re.compile(r"\bname=['\"]?(?P<name>[^,'\"\s]+)")
 _OOM = re.compile(r"Out of memory: Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)|"
                   r"Memory cgroup out of memory: Killed process (?P<cpid>\d+) \((?P<cname>[^)]*)\)")
-_SEGV = re.compile(r"(?P<name>[^\s\[]+)\[(?P<pid>\d+)\]: segfault at")
+# "<comm>[<pid>]: segfault at": the "[pid]: segfault at" part by regex (it starts at a '['), the name before it
+# by a backward scan (_segfault): a regex starting with [^\s\[]+ is retried from every character of a long word.
+_SEGV = re.compile(r"\[(?P<pid>\d+)\]: segfault at")
 _FALLEN = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?):? "
                      r"(?:GPU )?has fallen off the bus")
 _ISO = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:[,.](?P<frac>\d+))?(?P<tz>[+-]\d{2}:?\d{2}|Z)?\s")
@@ -153,6 +156,23 @@ def pci_key(bus_id):
         return (bus_id or "").strip().lower()
 
 
+def _at_literal(rx, line, literal):
+    """rx matched at the first occurrence of the literal it starts with (one attempt: linear in the line)."""
+    i = line.find(literal)
+    return rx.match(line, i) if i >= 0 else None
+
+
+def _segfault(line):
+    """(name, pid) of the first '<name>[<pid>]: segfault at' in a line, or None."""
+    for m in _SEGV.finditer(line):
+        k = m.start()
+        while k > 0 and not line[k - 1].isspace() and line[k - 1] != "[":
+            k -= 1
+        if k < m.start():
+            return line[k:m.start()], int(m.group("pid"))
+    return None
+
+
 def parse_kernel_log(text, since=None, boot_epoch=None):
     """Kernel log text -> events, oldest first: {kind: xid|fallen|oom|segfault, time, line, ...}.
 
@@ -160,13 +180,13 @@ def parse_kernel_log(text, since=None, boot_epoch=None):
     (epoch) are dropped when their time is known; lines without a time are kept.
     """
     events = []
-    for raw in (text or "").splitlines():
+    for raw in capped_lines(text):
         line = raw.rstrip("\r")
         t = line_time(line, boot_epoch)
         if since is not None and t is not None and t < float(since):
             continue
         ev = None
-        m = _XID.search(line)
+        m = _at_literal(_XID, line, "NVRM: Xid (")
         if m:
             code = int(m.group("code"))
             rest = m.group("rest").lstrip(", ")
@@ -176,21 +196,23 @@ def parse_kernel_log(text, since=None, boot_epoch=None):
             ev = {"kind": "xid", "code": code, "pci": pci_key(m.group("pci")),
                   "pid": int(pid.group("pid")) if pid else None, "name": name.group("name") if name else None,
                   "message": rest, "meaning": meaning, "severity": severity, "fix": fix}
-        elif _OOM.search(line):
-            m = _OOM.search(line)
+        elif _at_literal(_OOM, line, "Out of memory: Killed process ") or \
+                _at_literal(_OOM, line, "Memory cgroup out of memory: Killed process "):
+            m = _at_literal(_OOM, line, "Out of memory: Killed process ") or \
+                _at_literal(_OOM, line, "Memory cgroup out of memory: Killed process ")
             ev = {"kind": "oom", "pid": int(m.group("pid") or m.group("cpid")),
                   "name": m.group("name") or m.group("cname"), "severity": "fail",
                   "meaning": "the kernel's OOM killer killed a process (host memory exhausted)",
                   "fix": "lower the per-node memory use (data loader workers, pinned memory, CPU offload) or use "
                          "nodes with more RAM; the rank on this process died first"}
-        elif _SEGV.search(line):
-            m = _SEGV.search(line)
-            ev = {"kind": "segfault", "pid": int(m.group("pid")), "name": m.group("name"), "severity": "fail",
+        elif "segfault at" in line and _segfault(line):
+            name, pid = _segfault(line)
+            ev = {"kind": "segfault", "pid": pid, "name": name, "severity": "fail",
                   "meaning": "a process crashed with a segmentation fault",
                   "fix": "read the rank's log tail for the native stack; a crash in a CUDA/NCCL library after an "
                          "Xid is the GPU's fault, otherwise check the image's library versions"}
-        elif _FALLEN.search(line):
-            m = _FALLEN.search(line)
+        elif _at_literal(_FALLEN, line, "NVRM: GPU "):
+            m = _at_literal(_FALLEN, line, "NVRM: GPU ")
             meaning, severity, fix = xid_info(79)
             ev = {"kind": "fallen", "code": 79, "pci": pci_key(m.group("pci")), "meaning": meaning,
                   "severity": severity, "fix": fix}

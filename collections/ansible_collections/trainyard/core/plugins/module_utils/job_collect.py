@@ -18,6 +18,7 @@ import os
 import re
 import stat
 
+from ansible_collections.trainyard.core.plugins.module_utils.torchrun import capped_lines as _capped_lines
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import looks_secret as _looks_secret
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import read_n as _read_n
 
@@ -236,12 +237,14 @@ def redact_file(name, data):
 
 # ----------------------------------------------------------------------------------------- torchelastic error files
 
-_ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(/\S+)\s*$", re.M)
+# Matched line by line ([ \t], never \s: with re.M a \s* ran across every following line, quadratic in lines).
+_ERROR_FILE = re.compile(r"[ \t]*error_file[ \t]*:[ \t]*(/\S+)[ \t]*$")
 
 
 def error_files_in_log(text):
     """Paths of torchelastic error files named in torchrun's failure report (`error_file: /tmp/.../error.json`)."""
-    return list(dict.fromkeys(p for p in _ERROR_FILE.findall(text or "") if p != "<N/A>"))
+    found = (_ERROR_FILE.match(line) for line in _capped_lines(text) if "error_file" in line)
+    return list(dict.fromkeys(m.group(1) for m in found if m and m.group(1) != "<N/A>"))
 
 
 # ----------------------------------------------------------------------------------------- flight recorder
@@ -280,15 +283,34 @@ def _ranks(value):
     return sorted(int(x) for x in re.findall(r"-?\d+", value or ""))
 
 
+_FR_SEQ = ", sequence number: "
+_DIGITS = re.compile(r"\d+")
+
+
+def _fr_heading(line):
+    """(kind, sequence number) of a problem heading of the analyzer ('Not all ranks joining collective, sequence
+    number: 7', '... mismatch, sequence number: 3'), else (None, None). String search, not a backtracking regex:
+    the last ', sequence number: <digits>' of the line ends the kind."""
+    i = line.rfind(_FR_SEQ)
+    while i >= 0:
+        m = _DIGITS.match(line, i + len(_FR_SEQ))
+        if m:
+            kind = line[:i]
+            if kind.startswith("Not all ranks joining collective") or "ismatch" in kind:
+                return kind, int(m.group())
+            return None, None
+        i = line.rfind(_FR_SEQ, 0, i)
+    return None, None
+
+
 def parse_fr_report(text):
     """The analyzer's (torch.distributed.flight_recorder.fr_trace) text -> list of problems:
     {kind, seq, op, missing_ranks, input_sizes, output_sizes, world_size, expected_ranks, state, group, stack}."""
     problems, cur, in_stack = [], None, False
-    for line in (text or "").splitlines():
-        m = re.match(r"^(Not all ranks joining collective|Collective sequence number .*?mismatch|"
-                     r".*[Mm]ismatch.*), sequence number: (\d+)", line)
-        if m or line.startswith("Not all ranks joining collective"):
-            cur = {"kind": m.group(1) if m else line.strip(), "seq": int(m.group(2)) if m else None, "stack": []}
+    for line in _capped_lines(text):
+        kind, seq = _fr_heading(line)
+        if kind or line.startswith("Not all ranks joining collective"):
+            cur = {"kind": kind or line.strip(), "seq": seq, "stack": []}
             problems.append(cur)
             in_stack = False
             continue
@@ -413,7 +435,7 @@ _FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (\S+)')
 def parse_stacks(text):
     """py-spy dump or faulthandler output -> [{thread, frames: [{func, file, line}] innermost first}]."""
     threads, cur = [], None
-    for line in (text or "").splitlines():
+    for line in _capped_lines(text):
         m = _SPY_THREAD.match(line) or _FH_THREAD.match(line)
         if m:
             cur = {"thread": m.group(2) if m.re is _FH_THREAD else m.group(1), "frames": []}

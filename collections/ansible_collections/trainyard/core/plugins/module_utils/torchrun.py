@@ -412,6 +412,19 @@ def rotated_names(log, keep=LOG_KEEP):
 
 # --------------------------------------------------------------------------------------------- log parsing
 
+# Text the job writes (its log, error files, py-spy output, the analyzer's report of its dumps, kernel log lines
+# naming its processes) is parsed line by line, each line cut to LINE_MAX characters first, and every regex
+# applied to it is linear in the line (no nested quantifier, no unanchored `.*` that rescans the line from each
+# start): a 1 MiB line costs a 1 MiB scan, never hours (docs/security.md "Bad input";
+# tests/unit/test_job_text_regex.py runs each parser on adversarial lines under a subprocess timeout).
+LINE_MAX = 4096
+
+
+def capped_lines(text, max_len=LINE_MAX):
+    """The lines of job-written text, each cut to max_len characters (what any regex over job text sees)."""
+    return [line[:max_len] for line in (text or "").splitlines()]
+
+
 _BLOCK = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s{2,}(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _RANK = re.compile(r"^(-?\d+)(?:\s*\(local_rank:\s*(-?\d+)\))?")
@@ -420,8 +433,8 @@ _SIGNAL_TB = re.compile(r"Signal (\d+) \((SIG[A-Z0-9]+)\) received by PID (\d+)"
 _FAILED_HDR = re.compile(r"^(\S.*) FAILED\s*$")
 # torchrun's own log line when it sees a worker die (glog format, microseconds, no year):
 # E1122 21:31:10.522000 6089 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 6123) of binary: ...
-_GLOG_FAILED = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ \S+\] failed \(exitcode: (-?\d+)\) "
-                          r"local_rank: (\d+) \(pid: (\d+)\)", re.M)
+_GLOG_FAILED = re.compile(r"E(\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ \S+\] failed \(exitcode: (-?\d+)\) "
+                          r"local_rank: (\d+) \(pid: (\d+)\)")
 _SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
@@ -459,10 +472,14 @@ def parse_failures(text):
     last_field = None
 
     def close():
+        if cur is not None and "_tb" in cur:
+            # joined once: adding each line to a string copies the whole traceback per line (quadratic)
+            cur["traceback"] = "\n".join(cur.pop("_tb")).strip("\n")
         if cur is not None and ("rank" in cur or "exitcode" in cur):
             failures.append(cur)
 
-    for line in text.splitlines():
+    lines = capped_lines(text)
+    for line in lines:
         m = _FAILED_HDR.match(line)
         if m and not line.startswith(" "):
             script = m.group(1).strip()
@@ -515,11 +532,13 @@ def parse_failures(text):
             else:
                 cur[key] = value.strip()
         elif last_field == "traceback" and line.startswith("  ") and s:
-            cur["traceback"] = (cur.get("traceback", "") + "\n" + line[2:].rstrip()).strip("\n")
+            cur.setdefault("_tb", [cur.get("traceback", "")]).append(line[2:].rstrip())
     close()
     detected = {}
-    for m in _GLOG_FAILED.finditer(text):
-        detected.setdefault(int(m.group(5)), (m.group(1), m.group(2)))
+    for line in lines:
+        m = _GLOG_FAILED.match(line) if line.startswith("E") else None
+        if m:
+            detected.setdefault(int(m.group(5)), (m.group(1), m.group(2)))
     for f in failures:
         f.setdefault("local_rank", None)
         f.setdefault("pid", None)
@@ -546,10 +565,31 @@ def parse_failures(text):
     return failures
 
 
+# Literal alternatives only (linear); "ProcessGroupNCCL ... abort" is _pg_abort's, by plain string search.
 _COMM_ERROR = re.compile(
     r"Connection (reset|closed|refused)|connection closed by peer|Broken pipe|pair\.cc|Timed out|timed out|"
     r"Timeout|DistNetworkError|DistBackendError|NCCL (communicator was aborted|error)|watchdog|"
-    r"ProcessGroup\w* .*(abort|timeout)|Socket Timeout|recvBytes|sendBytes", re.I)
+    r"Socket Timeout|recvBytes|sendBytes", re.I)
+_WORD = re.compile(r"\w*")
+
+
+def _pg_abort(line):
+    """A line naming a ProcessGroup<Backend> and, after it, an abort (ProcessGroupNCCL ... aborted): a word
+    ending in ProcessGroup<word characters> followed by a space, 'abort' later in the line. Linear: the first
+    such word is found by one split, not by a regex retried from every 'ProcessGroup'."""
+    low = line.lower()
+    if "processgroup" not in low or "abort" not in low:
+        return False
+    words = low.split(" ")
+    for k, word in enumerate(words[:-1]):
+        i = word.rfind("processgroup")
+        if i >= 0 and _WORD.fullmatch(word, i + 12):
+            return "abort" in " ".join(words[k + 1:])
+    return False
+
+
+def _comm_error(text):
+    return any(_COMM_ERROR.search(line) or _pg_abort(line) for line in capped_lines(text))
 _TEARDOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
@@ -564,7 +604,7 @@ def failure_class(failure):
     own_tb = bool(tb) and not tb.startswith("Signal ") and not tb.startswith("To enable traceback")
     if sig and sig not in _TEARDOWN_SIGNALS:
         return 0
-    if own_tb and _COMM_ERROR.search(tb):
+    if own_tb and _comm_error(tb):
         return 2
     if own_tb:
         return 1
@@ -639,7 +679,7 @@ def find_marker(text, pattern):
     if not pattern:
         return None
     rx = re.compile(pattern)
-    for line in text.splitlines():
+    for line in capped_lines(text):
         if rx.search(line):
             return line
     return None
