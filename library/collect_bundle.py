@@ -61,6 +61,7 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import re
 import subprocess
 import time
@@ -70,23 +71,68 @@ from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import h
 from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
     fr_lines, normalize_fr_dump, parse_fr_report, progress_summary,
 )
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
-_PLAIN = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool",
-                                    "bytes", "complex")}
+
+
+def _latin1(text, encoding="latin1", errors="strict"):
+    """What protocol 2 pickles bytes as (_codecs.encode(str, 'latin1')): as many bytes out as characters in."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise pickle.UnpicklingError("refused _codecs.encode other than of a str to latin1")
+    return text.encode("latin1")
+
+
+# The only callables a dump may name: none allocates more than its arguments already hold (bytes(N), bytearray(N),
+# list(str), str.__mul__ ... are refused: a 50-byte pickle asked for bytes(10**12)).
+# ('__builtin__' is how protocol 2 names builtins.)
+_CALLABLES = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("_codecs", "encode"): _latin1,
+              ("__builtin__", "set"): set, ("__builtin__", "frozenset"): frozenset}
+# Opcodes that build class instances, call constructors or reach outside the stream: never in a dump.
+_REFUSED_OPS = frozenset({"INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD", "EXT1", "EXT2", "EXT4", "PERSID",
+                          "BINPERSID"})
+# A flight-recorder dump holds at most a few thousand entries (TORCH_NCCL_TRACE_BUFFER_SIZE) of a few hundred
+# objects each; its strings and bytes are held by the stream itself (dump_max_bytes caps the file).
+FR_MAX_OPS = 2_000_000
+FR_MAX_TEXT_BYTES = 64 << 20
+# The top-level fields the analyzer and normalize_fr_dump read, with their types (module_utils/jobtree.py).
+FR_SCHEMA = {"pg_config": dict, "pg_status": dict, "entries": list, "version": str, "rank": int}
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Loads plain data only: any class or function reference is refused."""
+    """Loads plain data only: any class or function other than _CALLABLES is refused."""
 
     def find_class(self, module, name):
-        if (module, name) in _PLAIN:
-            return super().find_class(module, name)
+        if (module, name) in _CALLABLES:
+            return _CALLABLES[(module, name)]
         raise pickle.UnpicklingError("refused %s.%s (a dump holds plain data only)" % (module, name))
 
 
+def check_pickle(data, max_ops=FR_MAX_OPS, max_text=FR_MAX_TEXT_BYTES):
+    """Scan the opcode stream before anything is built (pickletools: linear, allocates nothing the stream does not
+    hold): at most max_ops objects and operations, max_text bytes of strings and bytes, no opcode that builds an
+    instance or reaches outside the stream. UnpicklingError naming what is refused."""
+    ops = text = 0
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            ops += 1
+            if ops > max_ops:
+                raise pickle.UnpicklingError("more than %d objects and operations" % max_ops)
+            if op.name in _REFUSED_OPS:
+                raise pickle.UnpicklingError("refused opcode %s (a dump holds plain data only)" % op.name)
+            if isinstance(arg, (str, bytes, bytearray)):
+                text += len(arg)
+                if text > max_text:
+                    raise pickle.UnpicklingError("more than %d bytes of strings and bytes" % max_text)
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a malformed stream: pickletools raises ValueError and friends
+        raise pickle.UnpicklingError("not a pickle: %s" % str(e)[:200]) from None
+
+
 def load_plain(data):
+    check_pickle(data)
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
@@ -124,9 +170,7 @@ def analyse_dumps(run_dir, dumps, world_size, python, timeout):
     refused, fixed = [], []
     for rank, data in sorted(dumps.items()):
         try:
-            dump = load_plain(data)
-            if not isinstance(dump, dict):
-                raise pickle.UnpicklingError("not a dict")
+            dump = jobtree.check_types(load_plain(data), FR_SCHEMA)
         except Exception as e:  # noqa: BLE001 - any unreadable or refused dump is reported, never raised
             refused.append("rank %s: %s" % (rank, str(e)[:200]))
             continue

@@ -254,9 +254,12 @@ def normalize_fr_dump(dump):
     default group '' in pg_config while their entries name it '0' (the analyzer then fails with KeyError:
     ('0', 0)); such a group is renamed to the name its entries use. Returns (dump, changed)."""
     cfg = dump.get("pg_config") or {}
-    if "" not in cfg:
+    if not isinstance(cfg, dict) or "" not in cfg or not isinstance(cfg[""], dict):
         return dump, False
-    names = {tuple(e.get("process_group") or ("", ""))[:2] for e in dump.get("entries") or []}
+    entries = dump.get("entries") if isinstance(dump.get("entries"), list) else []
+    names = {tuple(str(x) for x in e["process_group"][:2]) for e in entries
+             if isinstance(e, dict) and isinstance(e.get("process_group"), (list, tuple))
+             and len(e["process_group"]) >= 2}
     name, desc = next(iter(sorted(names))) if len(names) == 1 else ("0", "default_pg")
     fixed = dict(cfg)
     entry = dict(fixed.pop(""))
@@ -265,7 +268,7 @@ def normalize_fr_dump(dump):
     out = dict(dump)
     out["pg_config"] = fixed
     status = out.get("pg_status") or {}
-    if "" in status:
+    if isinstance(status, dict) and "" in status:
         status = dict(status)
         status[name] = status.pop("")
         out["pg_status"] = status
