@@ -45,6 +45,17 @@ options:
   archive:
     description: C(unpacked), the tar to unpack (copied onto this node by the controller).
     type: path
+  max_bytes:
+    description: C(packed), the most bytes (apparent size) the packed files may hold together; 0 caps them only by
+      the free space of the temporary directory (always checked). Checked before anything is written.
+    type: int
+    default: 0
+  allow_sparse:
+    description: C(packed), pack a file whose blocks on disk cover less than half its apparent size (over 1 MiB).
+      Refused by default (a sparse terabyte costs the job nothing and becomes real bytes in the tar); true only on a
+      compressing file system (ZFS, btrfs compression) where dense shards report fewer blocks.
+    type: bool
+    default: false
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -97,14 +108,17 @@ def main():
                            name=dict(type="str", required=True),
                            files=dict(type="list", elements="str", default=[]),
                            trees=dict(type="list", elements="str", default=[]),
-                           archive=dict(type="path")),
+                           archive=dict(type="path"),
+                           max_bytes=dict(type="int", default=0),
+                           allow_sparse=dict(type="bool", default=False)),
         required_if=[("state", "unpacked", ["archive"])],
         supports_check_mode=True)
     p = module.params
     try:
         if p["state"] == "packed":
             # Packing writes only a private temporary file: it runs in check mode too (the copy's plan needs it).
-            out = ct.pack(p["output_root"], p["name"], p["files"], p["trees"])
+            out = ct.pack(p["output_root"], p["name"], p["files"], p["trees"], max_bytes=p["max_bytes"],
+                          allow_sparse=p["allow_sparse"])
             module.exit_json(changed=False, **out)
         out = ct.unpack(p["archive"], p["output_root"], p["name"], check_mode=module.check_mode)
         module.exit_json(changed=bool(out["written"]), **out)

@@ -12,6 +12,7 @@ import tarfile
 
 import pytest
 
+from ansible_collections.trainyard.core.plugins.module_utils import ckpt_transfer as ct
 from conftest import adhoc, load
 
 bt = load("tests/data/checkpoints/build_tree.py", "build_tree_nf")
@@ -153,3 +154,31 @@ def test_unpack_takes_regular_files_and_directories_only(tree, tmp_path, members
     assert r.get("failed") and "Traceback" not in r["msg"], r
     assert sorted(os.listdir(ckpt)) == before
     assert not (tmp_path / "escape.txt").exists() and not os.path.exists("/etc/cron.d/x")
+
+
+# ----------------------------------------------------------------------------------- sizes before packing
+def test_a_sparse_terabyte_shard_is_refused_before_anything_is_packed(tree, tmp_path):
+    """A sparse 1 TiB shard costs the job nothing; packed it became a 1 TiB tar on the node, the controller and
+    the head. Refused naming the file and the fix, before the tar exists."""
+    out, ckpt, _secret, _outside = tree
+    with open(ckpt / SHARD, "r+b") as f:
+        f.truncate(1 << 40)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = _pack(out, files=[SHARD, MODEL])
+    assert res.get("failed") and "is sparse: 1099511627776 bytes apparent" in res["msg"], res
+    assert SHARD in res["msg"] and "Fix: " in res["msg"]
+    with pytest.raises(ct.TransferError, match="is sparse"):
+        ct.pack(str(out), "checkpoint-4", [SHARD], tmp_root=str(tmp))
+    assert list(tmp.iterdir()) == []  # no tar was started
+
+
+def test_the_total_is_capped_and_dense_shards_pass(tree, tmp_path):
+    out, ckpt, _secret, _outside = tree
+    size = (ckpt / SHARD).stat().st_size + (ckpt / MODEL).stat().st_size
+    res = _pack(out, files=[SHARD, MODEL], max_bytes=size - 1)
+    assert res.get("failed") and "over launch_recover_copy_max_bytes (%d)" % (size - 1) in res["msg"], res
+    res = _pack(out, files=[SHARD, MODEL], max_bytes=size)
+    assert not res.get("failed") and res["bytes"] == size, res
+    os.unlink(res["archive"])
+    os.rmdir(os.path.dirname(res["archive"]))

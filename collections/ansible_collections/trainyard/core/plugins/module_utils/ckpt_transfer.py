@@ -128,15 +128,59 @@ def _open_file(root_fd, rel, where):
     return fd, st
 
 
-def pack(parent, name, files=(), trees=(), tmp_root=None):
-    """Tar the files (relative paths) and the directory trees of parent/name into <fresh private dir>/ckpt.tar.
-    Returns {archive, files: [relative paths], bytes}. Raises TransferError at the first link or non-file."""
+# A file whose blocks on disk cover less than this share of its apparent size is sparse: a hole costs the job
+# nothing and becomes real bytes in the tar, on the node, the controller and the head. Checkpoint shards are
+# written densely; files below SPARSE_MIN_BYTES are not judged (their holes cost little).
+SPARSE_MIN_ALLOCATED = 0.5
+SPARSE_MIN_BYTES = 1 << 20
+
+
+def size_problem(path, st, allow_sparse=False):
+    """Why a file must not be packed (sparse: apparent size far above what it holds on disk), or ''."""
+    allocated = getattr(st, "st_blocks", 0) * 512
+    if not allow_sparse and st.st_size > SPARSE_MIN_BYTES and allocated < st.st_size * SPARSE_MIN_ALLOCATED:
+        return ("%s is sparse: %d bytes apparent, %d on disk; packed, its holes would become real bytes on this "
+                "node, the controller and the head. Fix: it is not a shard the trainer wrote densely: remove it (or "
+                "the checkpoint) and rerun; on a compressing file system (ZFS, btrfs) set "
+                "launch_recover_copy_allow_sparse: true" % (path, st.st_size, allocated))
+    return ""
+
+
+def pack_plan(root, rels, where, max_bytes=0, allow_sparse=False, free_bytes=None):
+    """Check every file before anything is written: regular, not sparse, and the total apparent size within
+    max_bytes (0: no cap of its own) and the free space where the tar goes. Returns the total; TransferError naming
+    the file (or the total) and the fix."""
+    total = 0
+    for rel in rels:
+        fd, st = _open_file(root, rel, where)
+        os.close(fd)
+        why = size_problem(os.path.join(where, rel), st, allow_sparse)
+        if why:
+            raise TransferError(why)
+        total += st.st_size
+    if max_bytes and total > max_bytes:
+        raise TransferError("the files to copy from %s hold %d bytes, over launch_recover_copy_max_bytes (%d). Fix: "
+                            "check their sizes (ls -ls) against the other ranks' shards; raise the cap if they are "
+                            "right" % (where, total, max_bytes))
+    if free_bytes is not None and total > free_bytes:
+        raise TransferError("the files to copy from %s hold %d bytes; the temporary directory has %d free. Fix: free "
+                            "space there (or check the files' sizes against the other ranks' shards)"
+                            % (where, total, free_bytes))
+    return total
+
+
+def pack(parent, name, files=(), trees=(), tmp_root=None, max_bytes=0, allow_sparse=False):
+    """Tar the files (relative paths) and the directory trees of parent/name into <fresh private dir>/ckpt.tar,
+    after pack_plan passed. Returns {archive, files: [relative paths], bytes}. Raises TransferError at the first
+    link, non-file, sparse file, or a total over the cap or the free space."""
     where = os.path.join(parent, name)
     root = open_checkpoint(parent, name)
     try:
         rels = [str(f) for f in files]
         for t in trees:
             rels += _files_under(root, str(t), where)
+        vfs = os.statvfs(tmp_root or tempfile.gettempdir())
+        planned = pack_plan(root, rels, where, max_bytes, allow_sparse, vfs.f_bavail * vfs.f_frsize)
         private = tempfile.mkdtemp(prefix="trainyard-ckpt-", dir=tmp_root)  # 0700, this user's
         archive = os.path.join(private, "ckpt.tar")
         total = 0
@@ -144,6 +188,13 @@ def pack(parent, name, files=(), trees=(), tmp_root=None):
             with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
                 for rel in rels:
                     fd, st = _open_file(root, rel, where)
+                    # changed since the plan (the job writes on): the checked total still bounds the tar
+                    why = size_problem(os.path.join(where, rel), st, allow_sparse) or (
+                        "%s grew while it was packed: rerun when the job is stopped" % os.path.join(where, rel)
+                        if total + st.st_size > planned else "")
+                    if why:
+                        os.close(fd)
+                        raise TransferError(why)
                     with os.fdopen(fd, "rb") as f:
                         info = tarfile.TarInfo("/".join(_parts(rel)))
                         info.size, info.mtime = st.st_size, int(st.st_mtime)
