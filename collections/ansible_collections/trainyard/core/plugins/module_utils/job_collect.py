@@ -12,86 +12,113 @@ only from regular files, and never more than a cap (JobTree).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import stat
 
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import capped_lines as _capped_lines
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import looks_secret as _looks_secret
-from ansible_collections.trainyard.core.plugins.module_utils.torchrun import read_n as _read_n
 
 # ----------------------------------------------------------------------------------------- safe reads
 
 TRUNCATED_MARK = b"\n[... trainyard: %d bytes left out here; the head and the tail are kept ...]\n"
+# What one listing of a job-writable directory may hold before it is refused (jobtree caps the scan itself).
+LIST_MAX_ENTRIES = 4096
+
+
+def _skip(why):
+    return {"data": None, "size": 0, "truncated": False, "skipped": why}
+
+
+def _why(e, dir_fd, name):
+    """The one-line reason a read was refused, from jobtree's refusal (or the OS error)."""
+    if isinstance(e, FileNotFoundError):
+        return "absent"
+    st = jobtree.stat_at(dir_fd, name) if dir_fd is not None and name else None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        return "a symbolic link (not followed)"
+    if isinstance(e, jobtree.TreeError) and (e.strerror or "").startswith("not a regular file"):
+        return "not a regular file"  # a FIFO, device node or socket: never opened
+    if isinstance(e, jobtree.TreeError):
+        return e.strerror or str(e)
+    return "unreadable: %s" % (e.strerror or e)
 
 
 def safe_read(path, max_bytes, head_bytes=0, dir_fd=None):
-    """Read a file that the job may control: no symlink followed (O_NOFOLLOW), regular files only, at most
-    `max_bytes` kept. When larger, the first `head_bytes` and the last bytes are kept (the tail always).
+    """Read a file that the job may control through the jobtree layer: no symbolic link followed, regular files
+    only (the type is checked before the file is opened: a FIFO or device node is never opened), at most
+    `max_bytes` kept. When larger, the first `head_bytes` and the last bytes are kept (the tail always). `path` is
+    relative to `dir_fd`, or absolute (its parent directories are the host's).
 
     Returns {data: bytes or None, size, truncated, skipped: '' or why}.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    own = dir_fd is None
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd) if dir_fd is not None else os.open(path, flags)
+        root, name = (jobtree.open_root(os.path.dirname(path) or "."), os.path.basename(path)) if own \
+            else (dir_fd, path)
     except OSError as e:
-        if e.errno == errno.ENOENT:
-            return {"data": None, "size": 0, "truncated": False, "skipped": "absent"}
-        if e.errno == errno.ELOOP:
-            return {"data": None, "size": 0, "truncated": False, "skipped": "a symbolic link (not followed)"}
-        return {"data": None, "size": 0, "truncated": False, "skipped": "unreadable: %s" % e.strerror}
+        return _skip(_why(e, None, None))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return {"data": None, "size": 0, "truncated": False, "skipped": "not a regular file"}
-        size = st.st_size
+        fd = jobtree.open_file(root, name)
+    except OSError as e:
+        return _skip(_why(e, root, name))
+    finally:
+        if own:
+            os.close(root)
+    try:
+        size = jobtree.file_size(fd)
         if size <= max_bytes:
-            data = _read_n(fd, max_bytes + 1)[:max_bytes]
+            data = jobtree.read_fd(fd, max_bytes)
             return {"data": data, "size": size, "truncated": len(data) < size, "skipped": ""}
-        head = _read_n(fd, head_bytes) if head_bytes > 0 else b""
-        tail_n = max(0, max_bytes - len(head))
-        os.lseek(fd, max(len(head), size - tail_n), os.SEEK_SET)
-        tail = _read_n(fd, tail_n)
-        left = size - len(head) - len(tail)
+        head = jobtree.read_fd(fd, head_bytes) if head_bytes > 0 else b""
+        tail = jobtree.read_fd(fd, max(0, max_bytes - len(head)), tail=True)
+        left = max(0, size - len(head) - len(tail))
         return {"data": head + (TRUNCATED_MARK % left) + tail, "size": size, "truncated": True, "skipped": ""}
     finally:
         os.close(fd)
 
 
 def open_dir(path, dir_fd=None):
-    """(fd, '') of a directory opened without following a symbolic link at `path` (relative to `dir_fd` when
-    given), or (None, why): absent, a symbolic link, not a directory. Open the job-writable tree one level at a
-    time from a trusted directory's fd, so that no link the job planted in between is followed."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    """(fd, '') of a directory opened through jobtree (no symbolic link followed at `path`, relative to `dir_fd`
+    when given), or (None, why): absent, a symbolic link, not a directory. Open the job-writable tree one level at
+    a time from a trusted directory's fd, so that no link the job planted in between is followed."""
     try:
-        return (os.open(path, flags, dir_fd=dir_fd) if dir_fd is not None else os.open(path, flags)), ""
+        return (jobtree.open_dir(dir_fd, path) if dir_fd is not None else jobtree.open_root(path)), ""
+    except FileNotFoundError:
+        return None, "absent"
+    except jobtree.TreeError:
+        return None, "a symbolic link or not a directory (not followed)"
     except OSError as e:
-        if e.errno == errno.ENOENT:
-            return None, "absent"
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            return None, "a symbolic link or not a directory (not followed)"
         return None, "unreadable: %s" % e.strerror
 
 
-def listdir_fd(fd):
-    """Sorted names in an open directory (or a path); [] when it cannot be listed or fd is None."""
+def list_names(fd, max_entries=LIST_MAX_ENTRIES):
+    """(sorted names, why) of an open directory through jobtree.listdir (which follows nothing): ([], why) when it
+    cannot be listed or holds more than max_entries. Links, FIFOs and devices are listed: reading them is refused
+    by safe_read, naming why."""
     if fd is None:
-        return []
+        return [], ""
     try:
-        return sorted(os.listdir(fd))
-    except OSError:
-        return []
+        return [n for n, _kind in jobtree.listdir(fd, ".", max_entries)], ""
+    except OSError as e:
+        return [], "not listed: %s" % (e.strerror or e)
+
+
+def listdir_fd(fd):
+    """Sorted names in an open directory; [] when it cannot be listed (or holds too many) or fd is None."""
+    return list_names(fd)[0]
 
 
 def safe_listdir(path):
     """Names in a directory that is not a symbolic link; [] when absent or a link."""
+    fd, _why = open_dir(path)
     try:
-        st = os.lstat(path)
-    except OSError:
-        return []
-    return listdir_fd(path) if stat.S_ISDIR(st.st_mode) else []
+        return listdir_fd(fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 class JobTree(object):
@@ -147,10 +174,10 @@ class JobTree(object):
         if not name or "/" in name or self.fd.get(where) is None:
             return None
         try:
-            st = os.stat(name, dir_fd=self.fd[where], follow_symlinks=False)
+            st = jobtree.stat_at(self.fd[where], name)
         except OSError:
             return None
-        return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+        return st.st_mtime if st is not None and stat.S_ISREG(st.st_mode) else None
 
     def close(self):
         for key, fd in list(self.fd.items()):
@@ -160,25 +187,31 @@ class JobTree(object):
 
 
 PROGRESS_MAX_BYTES = 65536
+# The most progress files (rank_<N>.json) read on one node: far above the ranks a node runs.
+PROGRESS_MAX_FILES = 256
+# The fields of a progress record (the example trainers, module_utils/train_progress) the controller computes with:
+# a record of other types is refused at the reader (jobtree.loads_bounded), its file still collected.
+NUM = (int, float)
+PROGRESS_SCHEMA = {"rank": int, "step": int, "steps_total": int, "time": NUM, "step_s": NUM, "compute_s": NUM}
 
 
-def read_progress(tree):
+def read_progress(tree, max_files=PROGRESS_MAX_FILES):
     """The ranks' progress files (job-rw/progress/rank_<N>.json) through `tree` (a JobTree): a list of
-    (name, safe_read result, record or None) for every file that could be read; record is the parsed dict."""
+    (name, safe_read result, record or None) for at most max_files files that could be read; record is the parsed
+    dict, None when it is not JSON, too deep or of the wrong types (r["refused"] says why)."""
     fd, _why = tree.subdir("rw", "progress")
     res = []
     try:
-        for n in listdir_fd(fd):
-            if not (n.startswith("rank_") and n.endswith(".json")):
-                continue
+        names = [n for n in listdir_fd(fd) if n.startswith("rank_") and n.endswith(".json")]
+        for n in names[:max_files]:
             r = safe_read(n, PROGRESS_MAX_BYTES, dir_fd=fd)
             if r["data"] is None:
                 continue
             try:
-                rec = json.loads(r["data"].decode("utf-8", "replace"))
-            except ValueError:
-                rec = None
-            res.append((n, r, rec if isinstance(rec, dict) else None))
+                rec = jobtree.loads_bounded(r["data"], expect=PROGRESS_SCHEMA)
+            except jobtree.BadRecord as e:
+                rec, r["refused"] = None, e.strerror or str(e)
+            res.append((n, r, rec))
     finally:
         if fd is not None:
             os.close(fd)
@@ -188,6 +221,8 @@ def read_progress(tree):
 # ----------------------------------------------------------------------------------------- secrets
 
 REDACTED = "<redacted>"
+# Nesting of a collected JSON file that is parsed to redact it (deeper: redacted as text, never a RecursionError).
+JSON_MAX_DEPTH = 64
 
 
 def is_secret_name(name):
@@ -229,8 +264,9 @@ def redact_file(name, data):
         return redact_env_text(data.decode("utf-8", "replace")).encode()
     if name.endswith(".json"):
         try:
-            return (json.dumps(redact_json(json.loads(data.decode("utf-8", "replace"))), indent=1) + "\n").encode()
-        except ValueError:
+            obj = jobtree.loads_bounded(data.decode("utf-8", "replace"), max_depth=JSON_MAX_DEPTH)
+            return (json.dumps(redact_json(obj), indent=1) + "\n").encode()
+        except ValueError:  # not JSON, too deep (jobtree.BadRecord): redacted as text
             return redact_env_text(data.decode("utf-8", "replace")).encode()
     return data
 
