@@ -27,6 +27,11 @@ options:
   analyzer_timeout: {description: Seconds the analyzer may run., type: int, default: 300}
   straggler_ratio: {description: Compute-time ratio that names a straggler node., type: float, default: 1.3}
   stall_s: {description: Seconds without progress that make a running job hung., type: int, default: 300}
+  node_max_bytes:
+    description: The most bytes of files stored for one node (the node caps them too, M(job_collect)); files past it
+      are listed as left out, not written.
+    type: int
+    default: 268435456
 attributes:
   check_mode: {support: none, details: It writes only the run directory on the controller.}
   diff_mode: {support: none}
@@ -136,23 +141,44 @@ def load_plain(data):
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
-def write_node_files(run_dir, host, result):
+def write_node_files(run_dir, host, result, max_bytes=256 << 20, max_files=4096):
+    """Store a node's files under nodes/<host>/: plain names only, at most max_bytes and max_files in all (what is
+    past a cap is listed as skipped, not written)."""
     base = os.path.join(run_dir, "nodes", host)
     os.makedirs(base, exist_ok=True)
-    listing = []
-    for f in result.get("files") or []:
+    listing, total = [], 0
+    files = result.get("files") if isinstance(result.get("files"), list) else []
+    for f in files[:max_files]:
+        f = f if isinstance(f, dict) else {}
         name = f.get("name", "")
-        if not _SAFE_NAME.match(name) or ".." in name:
+        if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
             listing.append({"name": repr(name)[:80], "skipped": "refused: not a plain file name"})
             continue
         entry = {"name": name, "size": f.get("size"), "truncated": f.get("truncated"), "skipped": f.get("skipped")}
-        if "content" in f:
+        content = f.get("content")
+        if isinstance(content, str):
+            # base64: 4 characters per 3 bytes, checked before anything is decoded
+            if total + len(content) * 3 // 4 > max_bytes:
+                entry["skipped"] = "left out: the node's files reached node_max_bytes (%d) on the controller" \
+                    % max_bytes
+                listing.append(entry)
+                continue
+            try:
+                data = base64.b64decode(content, validate=True)
+            except ValueError:
+                entry["skipped"] = "refused: its content is not base64"
+                listing.append(entry)
+                continue
+            total += len(data)
             path = os.path.join(base, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
-                out.write(base64.b64decode(f["content"]))
+                out.write(data)
             entry["path"] = os.path.relpath(path, run_dir)
         listing.append(entry)
+    if len(files) > max_files:
+        listing.append({"name": "(more)", "skipped": "left out: %d more files than %d" % (len(files) - max_files,
+                                                                                          max_files)})
     with open(os.path.join(base, "collect.json"), "w") as out:
         json.dump({k: v for k, v in result.items() if k != "files"} | {"files": listing}, out, indent=1,
                   default=str)
@@ -259,6 +285,7 @@ def main():
             analyzer_timeout=dict(type="int", default=300),
             straggler_ratio=dict(type="float", default=1.3),
             stall_s=dict(type="int", default=300),
+            node_max_bytes=dict(type="int", default=256 << 20),
         ),
         supports_check_mode=False,
     )
@@ -282,7 +309,17 @@ def main():
                          "evidence is in this run" % host)
             nodes.append({"host": host, "node_rank": node_rank, "state": "unreachable"})
             continue
-        files[host] = write_node_files(run_dir, host, res)
+        files[host] = write_node_files(run_dir, host, res, p["node_max_bytes"])
+        left = {str(x.get("name")): x for x in res.get("left_out") or [] if isinstance(x, dict)}
+        left.update((f["name"], {"name": f["name"], "why": f["skipped"]}) for f in files[host]
+                    if str(f.get("skipped")).startswith(("left out", "refused")))
+        left = list(left.values())
+        if left:
+            lines.append("%s: %d item(s) of its evidence left out by the caps: %s" % (
+                host, len(left), "; ".join("%s (%s)" % (str(x.get("name"))[:80], str(x.get("why"))[:160])
+                                           for x in left[:8])))
+            fixes.append("%s: look at what the job wrote there (a job that plants files fills no bundle); raise "
+                         "launch_collect_files_max / launch_collect_node_max_bytes if the files are genuine" % host)
         opts = {"node_rank": node_rank, "nproc_per_node": nproc, "since": (res.get("kernel") or {}).get("since")}
         recs = health_records(host, res, opts)
         records[host] = recs
@@ -296,6 +333,8 @@ def main():
             f["node"], f["node_rank"] = host, node_rank
             failures.append(f)
         for n in res.get("dumps") or []:
+            if not (isinstance(n, str) and n.startswith("rank_") and n[5:].isdigit()):
+                continue
             path = os.path.join(run_dir, "nodes", host, "flight_recorder", n)
             if os.path.exists(path):
                 with open(path, "rb") as fh:

@@ -35,6 +35,16 @@ options:
     description: Cap on one flight-recorder dump; a larger dump is listed as skipped (a cut pickle is useless).
     type: int
     default: 33554432
+  node_max_bytes:
+    description: Cap on everything gathered on this node together (after the per-file caps); what no longer fits
+      is listed in C(left_out) and in C(files) as skipped, never silently dropped.
+    type: int
+    default: 268435456
+  files_max:
+    description: Cap on the number of files taken from each directory the job fills (flight-recorder dumps,
+      progress files, stacks) and on the error files named in the log; the rest is counted in C(left_out).
+    type: int
+    default: 64
   container_log_lines: {description: Lines of the container's log (docker logs --tail)., type: int, default: 2000}
   fabricmanager_unit: {description: The fabric manager's systemd unit., type: str, default: nvidia-fabricmanager}
   nvidia_smi: {description: nvidia-smi (name or path); empty skips it., type: str, default: nvidia-smi}
@@ -65,10 +75,14 @@ gpus: {description: Per-GPU health from nvidia-smi -q -x (module_utils/gpu_healt
 smi_error: {description: Why nvidia-smi gave nothing (empty when it did)., returned: always, type: str}
 progress: {description: The ranks' progress files (example trainers)., returned: always, type: list}
 dumps: {description: Names of the flight-recorder dumps gathered., returned: always, type: list}
+left_out:
+  description: "What the caps left out: {name, why} per file (node_max_bytes) or per directory (files_max, with the
+    count)."
+  returned: always
+  type: list
 """
 
 import base64
-import json
 import os
 import socket
 import time
@@ -86,12 +100,15 @@ from ansible_collections.trainyard.core.plugins.module_utils.job_collect import 
     redact_file,
     safe_read,
 )
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin", "/bin", "/sbin"]
 # Where each file lives (module_utils/torchrun.py, docs/architecture.md "Node-local layout"): dir = the host-only
 # state directory, ro = its read-only part (job-ro), rw = its job-writable part (job-rw).
+# launch.json's fields this module uses (host-only, but read as untrusted like everything else).
+STATE_SCHEMA = {"started_at": (int, float), "runtime": str, "container": str, "log": str}
 STATE_FILES = ((tr.STATE_FILE, ("dir",)), (tr.EXIT_FILE, ("rw",)), (tr.SPEC_FILE, ("ro",)), (tr.PID_FILE, ("rw",)),
                ("nccl.env", ("ro",)), ("ds_config.json", ("ro",)), ("janitor.log", ("dir",)))
 
@@ -107,6 +124,8 @@ class Collector(object):
         self.dir = lay["dir"]
         self.tree = JobTree(lay, tr.JOB_RO_DIR, tr.JOB_RW_DIR)
         self.files = []
+        self.left_out = []
+        self.total = 0
         t = self.p["timeout"]
         self._timeout = module.get_bin_path("timeout") if t > 0 else None
 
@@ -116,8 +135,14 @@ class Collector(object):
         return self.m.run_command(argv, environ_update={"LC_ALL": "C"}, errors="surrogate_or_replace")
 
     def add(self, name, data=None, size=None, truncated=False, skipped=""):
+        if data is not None and self.total + len(data) > self.p["node_max_bytes"]:
+            why = "left out: this node's evidence reached node_max_bytes (%d bytes; launch_collect_node_max_bytes)" \
+                % self.p["node_max_bytes"]
+            self.left_out.append({"name": name, "why": why})
+            size, data, skipped = len(data) if size is None else size, None, why
         if data is not None:
             data = redact_file(name, data)
+            self.total += len(data)
         entry = {"name": name, "size": size if size is not None else (len(data) if data is not None else 0),
                  "truncated": bool(truncated), "skipped": skipped if data is None else ""}
         if data is not None:
@@ -139,6 +164,14 @@ class Collector(object):
         self.add(name, data[-max_bytes:], len(data), len(data) > max_bytes)
         return text
 
+    def capped(self, where, names):
+        """The first files_max of names; the rest counted in left_out (a job plants files at no cost)."""
+        n = self.p["files_max"]
+        if len(names) > n:
+            self.left_out.append({"name": where, "why": "left out: %d more files than files_max (%d; "
+                                  "launch_collect_files_max)" % (len(names) - n, n)})
+        return names[:n]
+
     def collect(self):
         try:
             return self._collect()
@@ -157,8 +190,8 @@ class Collector(object):
         st = tree.read("dir", tr.STATE_FILE, p["file_max_bytes"])
         if st["data"]:
             try:
-                out["state"] = json.loads(redact_file(tr.STATE_FILE, st["data"]).decode("utf-8", "replace"))
-            except ValueError:
+                out["state"] = jobtree.loads_bounded(redact_file(tr.STATE_FILE, st["data"]), expect=STATE_SCHEMA)
+            except ValueError:  # jobtree.BadRecord: torn, too deep, or of the wrong types
                 out["state"] = None
         state = out["state"] if isinstance(out["state"], dict) else {}
         out["started_at"] = state.get("started_at")
@@ -183,7 +216,7 @@ class Collector(object):
         # container they are read there (docker exec, the container's view), never as the host's paths.
         container = p["container"] or (state.get("container") if in_container else "")
         docker = self.m.get_bin_path("docker", opt_dirs=SEARCH_DIRS)
-        for i, path in enumerate(error_files_in_log(log_text)):
+        for i, path in enumerate(self.capped("error files named in the log", error_files_in_log(log_text))):
             name = "error-%d-%s" % (i, os.path.basename(os.path.dirname(path)) or "rank")
             out["error_files"].append(path)
             if container:
@@ -204,9 +237,8 @@ class Collector(object):
         try:
             if fr_fd is None and why != "absent":
                 self.add("flight_recorder", skipped=why)
-            for n in listdir_fd(fr_fd):
-                if not n.startswith("rank_") or not n[5:].isdigit():
-                    continue
+            for n in self.capped("flight_recorder/", [n for n in listdir_fd(fr_fd)
+                                                      if n.startswith("rank_") and n[5:].isdigit()]):
                 r = safe_read(n, p["dump_max_bytes"] + 1, dir_fd=fr_fd)
                 if r["data"] is not None and r["size"] > p["dump_max_bytes"]:
                     self.add("flight_recorder/" + n, size=r["size"],
@@ -218,14 +250,16 @@ class Collector(object):
         finally:
             if fr_fd is not None:
                 os.close(fr_fd)
-        for n, r, rec in read_progress(tree):
+        for n, r, rec in read_progress(tree, self.p["files_max"]):
             self.add("progress/" + n, r["data"], r["size"], r["truncated"])
             if rec is not None:
                 out["progress"].append(rec)
+            elif r.get("refused"):
+                self.left_out.append({"name": "progress/" + n, "why": "not used: %s" % r["refused"]})
         # Stack dumps kept on the node (host-only directory).
         st_fd, _why = tree.subdir("dir", "stacks")
         try:
-            for n in listdir_fd(st_fd):
+            for n in self.capped("stacks/", listdir_fd(st_fd)):
                 r = safe_read(n, p["file_max_bytes"], dir_fd=st_fd)
                 self.add("stacks/" + n, r["data"], r["size"], r["truncated"], r["skipped"])
         finally:
@@ -278,7 +312,7 @@ class Collector(object):
                                  "docker inspect")
             if text is not None:
                 try:
-                    info = json.loads(text)
+                    info = jobtree.loads_bounded(text, max_depth=64, expect=list)
                     hc = (info[0].get("HostConfig") or {}) if info else {}
                     out["container_state"] = (info[0].get("State") or {}) if info else {}
                     out["container_limits"] = {k: hc.get(k) for k in ("NanoCpus", "CpuQuota", "CpuPeriod",
@@ -296,6 +330,7 @@ class Collector(object):
         else:
             self.add("container.inspect.json", skipped="the job runs on the node (runtime host): no container")
         out["files"] = self.files
+        out["left_out"] = self.left_out
         out["collected_at"] = time.time()
         return out
 
@@ -309,6 +344,8 @@ def main():
             log_head_bytes=dict(type="int", default=64 << 10),
             file_max_bytes=dict(type="int", default=1 << 20),
             dump_max_bytes=dict(type="int", default=32 << 20),
+            node_max_bytes=dict(type="int", default=256 << 20),
+            files_max=dict(type="int", default=64),
             container_log_lines=dict(type="int", default=2000),
             fabricmanager_unit=dict(type="str", default="nvidia-fabricmanager"),
             nvidia_smi=dict(type="str", default="nvidia-smi"),

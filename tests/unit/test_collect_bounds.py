@@ -62,3 +62,75 @@ def test_dumps_of_the_wrong_types_are_refused_or_tolerated_never_raised(tmp_path
     assert r["status"] == "skip"
     if why:
         assert "dumps refused: rank 0: " in r["note"] and why in r["note"], r["note"]
+
+
+# ----------------------------------------------------------------------------------- caps on a node's evidence
+import base64  # noqa: E402
+import json  # noqa: E402
+
+from ansible_collections.trainyard.core.plugins.module_utils import job_collect as jc  # noqa: E402
+from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr  # noqa: E402
+from conftest import adhoc  # noqa: E402
+
+lf = load("roles/launch/filter_plugins/launch_filters.py", "launch_filters_bounds")
+DEEP = "[" * 50000 + "]" * 50000  # 100 KB of nesting: json.loads raised RecursionError
+
+
+def _layout(tmp_path):
+    job = tmp_path / "train"
+    rw = job / tr.JOB_RW_DIR
+    (rw / "flight_recorder").mkdir(parents=True)
+    (rw / "progress").mkdir()
+    (job / tr.JOB_RO_DIR).mkdir()
+    return job, rw
+
+
+def test_collect_caps_the_files_a_job_plants_and_says_what_it_left_out(tmp_path):
+    """Sparse dumps and progress files cost the job nothing: at most files_max per directory and node_max_bytes
+    per node are taken, the rest is listed in left_out and as skipped files."""
+    job, rw = _layout(tmp_path)
+    for i in range(30):
+        (rw / "flight_recorder" / ("rank_%d" % i)).write_bytes(b"\x80\x04N." + b"\0" * 5000)
+        (rw / "progress" / ("rank_%d.json" % i)).write_text(json.dumps({"rank": i, "step": 1}))
+    (rw / "torchrun.log").write_text("x" * 20000)
+    r = adhoc("job_collect", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": "", "files_max": 5,
+                              "node_max_bytes": 40000})
+    assert not r.get("failed"), r.get("msg")
+    dumps = [f for f in r["files"] if f["name"].startswith("flight_recorder/")]
+    assert len(dumps) == 5 and len(r["progress"]) <= 5
+    left = {x["name"]: x["why"] for x in r["left_out"]}
+    assert "25 more files than files_max (5" in left["flight_recorder/"], left
+    assert any("reached node_max_bytes (40000" in why for why in left.values()), left
+    assert sum(len(base64.b64decode(f["content"])) for f in r["files"] if "content" in f) <= 40000
+
+
+def test_deep_and_wrongly_typed_records_never_raise(tmp_path):
+    """A progress file of 100 KB of nesting, "step": "x", 1e999: job_collect used to die of RecursionError (its
+    redaction parsed every JSON file) and the controller of ValueError; now refused at the reader, file kept."""
+    job, rw = _layout(tmp_path)
+    (rw / "progress" / "rank_0.json").write_text(DEEP)
+    (rw / "progress" / "rank_1.json").write_text('{"rank": 1, "step": "x"}')
+    (rw / "progress" / "rank_2.json").write_text('{"rank": 2, "step": 3, "time": 1e999}')
+    (rw / "progress" / "rank_3.json").write_text('{"rank": 3, "step": 4, "time": 10.0}')
+    (job / "launch.json").write_text('{"job": "train", "started_at": "x", "nested": %s}' % DEEP)
+    r = adhoc("job_collect", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": ""})
+    assert not r.get("failed"), r.get("msg")
+    assert r["progress"] == [{"rank": 3, "step": 4, "time": 10.0}] and r["state"] is None
+    refused = {x["name"]: x["why"] for x in r["left_out"]}
+    assert "nested deeper" in refused["progress/rank_0.json"] and "'step'" in refused["progress/rank_1.json"]
+    assert "overflows" in refused["progress/rank_2.json"]
+    assert {f["name"] for f in r["files"]} >= {"progress/rank_%d.json" % i for i in range(4)}
+    assert jc.redact_file("x.json", DEEP.encode())  # redacted as text, no RecursionError
+
+
+def test_controller_side_consumers_tolerate_wrong_types():
+    ranks = [{"rank": 0, "step": "x"}, {"rank": 1, "step": 2, "time": float("inf")}, {"rank": "2", "step": 1},
+             {"rank": 3, "step": 5, "time": 99.0, "step_s": "fast", "compute_s": True}, 7, None,
+             {"rank": 4, "step": 6, "time": 99.0, "step_s": 0.5, "compute_s": 0.1}]
+    s = jc.progress_summary({"n1": {"node_rank": 0, "ranks": ranks},
+                             "n2": {"node_rank": 1, "state": "running", "now": "x", "started_at": [1],
+                                    "log_mtime": float("nan")}}, 100.0)
+    assert [n["ranks"] for n in s["nodes"]] == [[4], []]
+    res = {"state": "failed", "node_rank": 0, "exit": {"returncode": -9, "ended_at": "x"}}
+    f = lf.first_failure({"n1": res, "n2": dict(res, node_rank="y", exit={"returncode": 1, "ended_at": 1e999})})
+    assert f["node"] == "n1"

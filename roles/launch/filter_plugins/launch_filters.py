@@ -4,17 +4,25 @@ folded into one cluster view with the first failing node and rank (tests/unit/te
 
 from __future__ import annotations
 
+import math
 import signal
 
 _BIG = 1e18
 
 
+def _num(value, default=_BIG):
+    """A finite number from a record the job could write (an exit record's ended_at), else default: "x", True,
+    NaN or a list never raise out of status.yml."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
 def _key(failure):
     key = failure.get("sort_key")
     if isinstance(key, (list, tuple)) and key:
-        return tuple(float(k) for k in key)
-    t = failure.get("time_epoch")
-    return (1.0, float(t) if t is not None else _BIG, float(failure.get("node_rank") or 0), 0.0)
+        return tuple(_num(k) for k in key)
+    return (1.0, _num(failure.get("time_epoch")), _num(failure.get("node_rank"), 0.0), 0.0)
 
 
 def _node_state(res):
@@ -45,8 +53,7 @@ def _agent_failure(node, res):
     return {"node": node, "node_rank": res.get("node_rank"), "rank": None, "local_rank": None,
             "exitcode": rc, "signal": name, "log": res.get("log"), "log_tail": res.get("log_tail", ""),
             "traceback": "no torchrun failure report in the log (the agent itself died?)",
-            "sort_key": [klass, float(ended) if ended is not None else _BIG,
-                         float(res.get("node_rank") if res.get("node_rank") is not None else _BIG), _BIG]}
+            "sort_key": [klass, _num(ended), _num(res.get("node_rank")), _BIG]}
 
 
 def first_failure(results):

@@ -13,6 +13,7 @@ only from regular files, and never more than a cap (JobTree).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -401,6 +402,23 @@ def _median(values):
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
 
 
+def _num(value):
+    """A finite number from a record the job wrote, else None ("x", True, 1e999, NaN, a list: never a crash)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _step_record(r):
+    """A progress record the summary can use: a dict with an integer step and rank and numbers where numbers
+    belong (jobtree's PROGRESS_SCHEMA, checked again: records also arrive from module results)."""
+    if not isinstance(r, dict) or isinstance(r.get("step"), bool) or not isinstance(r.get("step"), int):
+        return False
+    if isinstance(r.get("rank"), bool) or not isinstance(r.get("rank"), int):
+        return False
+    return all(r.get(k) is None or _num(r[k]) is not None for k in ("steps_total", "time", "step_s", "compute_s"))
+
+
 def _quiet_s(info, now):
     """How long a running node without any step record has been silent: since its launch when no rank ever wrote
     its log (hung in the rendezvous or NCCL's init before any output), else since the log's last write (an entry
@@ -408,8 +426,8 @@ def _quiet_s(info, now):
     job does not run there or the times are unknown. Both times are the node's own clock."""
     if info.get("state") != "running":
         return None
-    node_now = float(info.get("now") or now)
-    last = max([float(t) for t in (info.get("started_at"), info.get("log_mtime")) if t] or [0.0])
+    node_now = _num(info.get("now")) or float(now)
+    last = max([_num(t) for t in (info.get("started_at"), info.get("log_mtime")) if _num(t)] or [0.0])
     return max(0.0, node_now - last) if last else None
 
 
@@ -424,21 +442,22 @@ def progress_summary(per_node, now, stall_s=300, straggler_ratio=1.3):
     """
     nodes = []
     for host, info in per_node.items():
-        ranks = [r for r in info.get("ranks") or [] if isinstance(r, dict) and "step" in r]
+        ranks = [r for r in info.get("ranks") or [] if _step_record(r)]
         if not ranks:
             nodes.append({"host": host, "node_rank": info.get("node_rank"), "ranks": [], "last_step": None,
                           "steps_total": None, "steps_per_s": None, "eta_s": None, "compute_s": None,
                           "age_s": _quiet_s(info, now), "no_step": True})
             continue
         step = min(int(r["step"]) for r in ranks)
-        total = max(int(r.get("steps_total") or 0) for r in ranks) or None
-        step_s = _median([float(r["step_s"]) for r in ranks if r.get("step_s")])
+        total = max(int(_num(r.get("steps_total")) or 0) for r in ranks) or None
+        step_s = _median([_num(r["step_s"]) for r in ranks if _num(r.get("step_s"))])
         sps = 1.0 / step_s if step_s else None
-        age = max(0.0, now - max(float(r.get("time") or 0) for r in ranks))
+        age = max(0.0, now - max(_num(r.get("time")) or 0.0 for r in ranks))
         nodes.append({"host": host, "node_rank": info.get("node_rank"), "ranks": sorted(int(r["rank"]) for r in ranks),
                       "last_step": step, "steps_total": total, "steps_per_s": sps,
                       "eta_s": (total - step) / sps if (sps and total) else None,
-                      "compute_s": _median([float(r["compute_s"]) for r in ranks if r.get("compute_s") is not None]),
+                      "compute_s": _median([_num(r["compute_s"]) for r in ranks
+                                            if _num(r.get("compute_s")) is not None]),
                       "age_s": age})
     stragglers = []
     with_c = [n for n in nodes if n["compute_s"] is not None]
