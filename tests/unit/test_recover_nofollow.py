@@ -182,3 +182,32 @@ def test_the_total_is_capped_and_dense_shards_pass(tree, tmp_path):
     assert not res.get("failed") and res["bytes"] == size, res
     os.unlink(res["archive"])
     os.rmdir(os.path.dirname(res["archive"]))
+
+
+def test_a_fifo_in_the_checkpoint_is_never_opened(tree, monkeypatch):
+    """A FIFO (or a device node: the job has CAP_MKNOD unless dropped) named like a shard: refused by its type
+    before any open (jobtree.open_file opens O_PATH first); the code before opened it O_NONBLOCK, then looked."""
+    out, ckpt, _secret, _outside = tree
+    os.mkfifo(ckpt / "global_step4" / "fifo.pt")
+    opened, real = [], os.open
+
+    def spy(path, flags, *args, **kw):
+        if os.fspath(path).endswith("fifo.pt") and not flags & getattr(os, "O_PATH", 0):
+            opened.append(flags)
+        return real(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    with pytest.raises(ct.TransferError, match="fifo.pt is not a regular file"):
+        ct.pack(str(out), "checkpoint-4", ["global_step4/fifo.pt"])
+    with pytest.raises(ct.TransferError, match="fifo.pt is not a regular file"):
+        ct.pack(str(out), "checkpoint-4", [], trees=["global_step4"])
+    assert opened == []
+
+
+def test_a_deep_trainer_state_never_raises_out_of_the_shard_listing(tree):
+    """trainer_state.json of 100 KB of nesting: json.load raised RecursionError out of checkpoint_shards."""
+    from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
+    _out, ckpt, _secret, _outside = tree
+    (ckpt / "trainer_state.json").write_text('{"world_size": 2, "log_history": %s}' % ("[" * 50000 + "]" * 50000))
+    listing = rc.list_shards(str(ckpt))
+    assert listing["complete"] and listing["format"] == "deepspeed" and listing["world_size"] is None

@@ -22,10 +22,10 @@ import stat
 import tarfile
 import tempfile
 
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
 from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import walk_dirs, write_file_at
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_FILE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _CHUNK = 1 << 20
 
 
@@ -87,45 +87,45 @@ def _walk_dirs(root_fd, parts, where, create=False):
 
 
 def _files_under(root_fd, rel, where):
-    """Relative paths of every regular file under directory rel (no link followed; a link stops the copy)."""
+    """Relative paths of every regular file under directory rel (jobtree.walk: no link followed, depth and count
+    capped; a link or anything but a file or directory stops the copy, naming it)."""
+    base = "/".join(_parts(rel))
+    os.close(_walk_dirs(root_fd, _parts(rel), where))  # a link on the way: the one-line error naming it
     out = []
-    fd = _walk_dirs(root_fd, _parts(rel), where)
     try:
-        with os.scandir(fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            sub = rel.rstrip("/") + "/" + e.name
-            if e.is_symlink():
+        for sub, _name, st in jobtree.walk(root_fd, base):
+            path = os.path.join(where, base, sub)
+            if stat.S_ISLNK(st.st_mode):
                 raise TransferError("%s is a symbolic link: recover follows no link in the checkpoint tree (the job "
-                                    "wrote it). Fix: remove it and rerun" % os.path.join(where, sub))
-            if e.is_dir(follow_symlinks=False):
-                out += _files_under(root_fd, sub, where)
-            elif e.is_file(follow_symlinks=False):
-                out.append(sub)
-            else:
-                raise TransferError("%s is not a regular file" % os.path.join(where, sub))
-    finally:
-        os.close(fd)
-    return out
+                                    "wrote it). Fix: remove it and rerun" % path)
+            if stat.S_ISREG(st.st_mode):
+                out.append(base + "/" + sub)
+            elif not stat.S_ISDIR(st.st_mode):
+                raise TransferError("%s is not a regular file" % path)
+    except jobtree.TreeError as e:
+        raise TransferError("%s: %s. Fix: check what the job wrote there, remove it and rerun"
+                            % (os.path.join(where, base), e.strerror or e))
+    return sorted(out)
 
 
 def _open_file(root_fd, rel, where):
+    """(fd, fstat) of the regular file root_fd/rel: directories walked without following a link, then
+    jobtree.open_file, which checks the type before it opens (a FIFO or device node the job made is never opened)."""
     parts = _parts(rel)
     dfd = _walk_dirs(root_fd, parts[:-1], where)
     try:
-        fd = os.open(parts[-1], _FILE, dir_fd=dfd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
+        st = jobtree.stat_at(dfd, parts[-1])
+        if st is not None and stat.S_ISLNK(st.st_mode):
             raise TransferError("%s is a symbolic link: recover follows no link in the checkpoint tree (the job "
                                 "wrote it). Fix: remove it and rerun" % os.path.join(where, rel))
+        fd = jobtree.open_file(dfd, parts[-1])
+    except jobtree.TreeError:
+        raise TransferError("%s is not a regular file" % os.path.join(where, rel))
+    except OSError as e:
         raise TransferError("%s: %s" % (os.path.join(where, rel), e.strerror))
     finally:
         os.close(dfd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise TransferError("%s is not a regular file" % os.path.join(where, rel))
-    return fd, st
+    return fd, os.fstat(fd)
 
 
 # A file whose blocks on disk cover less than this share of its apparent size is sparse: a hole costs the job
@@ -211,9 +211,10 @@ def pack(parent, name, files=(), trees=(), tmp_root=None, max_bytes=0, allow_spa
 
 
 def _same(dir_fd, name, member, tar):
-    """True when dir_fd/name is already a regular file with the member's content."""
+    """True when dir_fd/name is already a regular file with the member's content (typed before it is opened:
+    jobtree.open_file)."""
     try:
-        fd = os.open(name, _FILE, dir_fd=dir_fd)
+        fd = jobtree.open_file(dir_fd, name)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as f:

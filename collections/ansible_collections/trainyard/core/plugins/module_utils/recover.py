@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
+
 # DeepSpeed ZeRO shards (stage 1-3; bf16_ prefix for the bf16 optimizer) and model states; the example's shards.
 DS_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 DS_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -145,50 +147,72 @@ def shard_ranks(name):
     return None
 
 
-def _plain_file(root, relpath):
-    """True when every component of root/relpath below root is a real directory or, last, a regular file."""
-    import stat
-    path = root
+def _kind(fd, relpath):
+    """'file', 'dir' or 'other' of fd/relpath, every directory on the way opened without following a link (a
+    symlink anywhere is 'other' or None); None when absent (module_utils/jobtree.py)."""
     parts = relpath.split("/")
-    for i, part in enumerate(parts):
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        want = stat.S_ISREG if i == len(parts) - 1 else stat.S_ISDIR
-        if not want(st.st_mode):
-            return False
-    return True
+    try:
+        dfd = jobtree.open_dir(fd, "/".join(parts[:-1]) or ".")
+    except OSError:
+        return None
+    try:
+        st = jobtree.stat_at(dfd, parts[-1])
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    return jobtree.kind_of(st) if st is not None else None
+
+
+# trainer_state.json holds the log history of the run: far below this; a larger one is not read for its world size.
+STATE_MAX_BYTES = 64 << 20
 
 
 def list_shards(checkpoint):
     """What one checkpoint directory holds: {format, ranks: [..], world_size, tag, files: {rank: [relative path]},
     complete (marker present), universal (already converted)}. Reads names only, never a file's content except
-    the small trainer_state.json for the world size the example records."""
+    the small trainer_state.json for the world size the example records. The job writes this tree and root reads
+    it: everything through jobtree (no link followed, only regular files and directories, listings capped)."""
     out = {"path": checkpoint, "format": "", "ranks": [], "world_size": None, "tag": "", "files": {},
-           "complete": os.path.isfile(os.path.join(checkpoint, MARKER)), "universal": False,
+           "complete": False, "universal": False,
            "weights": {"adapter": False, "model": False, "optimizer": False}}
-    if not os.path.isdir(checkpoint):
+    try:
+        fd = jobtree.open_root(checkpoint)
+    except OSError:
         return out
-    plain = lambda names: any(_plain_file(checkpoint, n) for n in names)  # noqa: E731
+    try:
+        _list_shards(fd, out)
+    finally:
+        os.close(fd)
+    return out
+
+
+def _list_shards(fd, out):
+    out["complete"] = _kind(fd, MARKER) == "file"
+    plain = lambda names: any(_kind(fd, n) == "file" for n in names)  # noqa: E731
     out["weights"] = {"adapter": plain(ADAPTER_FILES) and plain([ADAPTER_CONFIG]),
                       "model": plain(MODEL_FILES) and plain([MODEL_CONFIG]), "optimizer": plain([OPTIMIZER_FILE])}
-    names = sorted(os.listdir(checkpoint))
-    dirs = [n for n in names if DS_TAG_RE.match(n) and os.path.isdir(os.path.join(checkpoint, n))]
-    where = [("", n) for n in names]
+    try:
+        entries = jobtree.listdir(fd)
+    except OSError:
+        return
+    dirs = [n for n, kind in entries if kind == "dir" and DS_TAG_RE.match(n)]
+    # The job writes these directories and root copies the shards between nodes: a symlink (or anything but a
+    # plain file) is not a shard, so root never reads through it.
+    where = [("", n) for n, kind in entries if kind == "file"]
     if dirs:
         tag = max(dirs, key=lambda n: int(DS_TAG_RE.match(n).group(1)))
         out["tag"] = tag
-        where += [(tag + "/", n) for n in sorted(os.listdir(os.path.join(checkpoint, tag)))]
-        out["universal"] = os.path.isdir(os.path.join(checkpoint, tag + UNIVERSAL_DS_SUFFIX))
+        try:
+            where += [(tag + "/", n) for n, kind in jobtree.listdir(fd, tag) if kind == "file"]
+        except OSError:
+            pass
+        out["universal"] = _kind(fd, tag + UNIVERSAL_DS_SUFFIX) == "dir"
     else:
-        out["universal"] = os.path.isfile(os.path.join(checkpoint, UNIVERSAL_EXAMPLE, MARKER))
+        out["universal"] = _kind(fd, UNIVERSAL_EXAMPLE + "/" + MARKER) == "file"
     for prefix, name in where:
         found = shard_ranks(name)
-        # The job writes these directories and root copies the shards between nodes: a symlink (or anything but a
-        # plain file, or one inside a symlinked tag directory) is not a shard, so root never reads through it.
-        if not found or not _plain_file(checkpoint, prefix + name):
+        if not found:
             continue
         fmt, rank, world = found
         out["format"] = out["format"] or fmt
@@ -198,16 +222,11 @@ def list_shards(checkpoint):
     out["ranks"] = sorted(out["files"])
     if out["world_size"] is None and out["complete"]:
         try:
-            import json
-            # never through a link the job planted (root reads it)
-            fd = os.open(os.path.join(checkpoint, MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            with os.fdopen(fd) as f:
-                state = json.load(f)
+            state = jobtree.read_json(fd, MARKER, STATE_MAX_BYTES, expect={"world_size": int})
             if isinstance(state.get("world_size"), int):
                 out["world_size"] = state["world_size"]
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):  # jobtree.BadRecord is both: torn, too deep, wrong types
             pass
-    return out
 
 
 def shard_coverage(found, world_size, head, prefer=()):
