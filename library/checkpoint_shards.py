@@ -59,8 +59,18 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree
 from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import latest_complete_checkpoint
 from ansible_collections.trainyard.core.plugins.module_utils.recover import list_shards
+
+
+def _is_dir(path):
+    """A directory that is not a symbolic link (the job writes the output root below the trusted root)."""
+    try:
+        os.close(jobtree.open_root(path))
+    except OSError:
+        return False
+    return True
 
 
 def main():
@@ -72,7 +82,7 @@ def main():
     if name and (os.sep in name or not name.startswith("checkpoint-")):
         module.fail_json(msg="checkpoint=%r: give the directory name checkpoint-N, not a path" % name)
     path = os.path.join(root, name) if name else (latest_complete_checkpoint(root) or "")
-    if not path or not os.path.isdir(path):
+    if not path or not _is_dir(path):
         module.exit_json(changed=False, checkpoint="", name=name, step=-1,
                          shards={"format": "", "ranks": [], "world_size": None, "tag": "", "files": {},
                                  "complete": False, "universal": False,
