@@ -123,12 +123,17 @@ def grow(source: dict, n: int) -> tuple[dict, dict, list[str], dict]:
     return results, models, hosts, faults
 
 
-def chromium(*args: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
+def chromium(*args: str, timeout: int = 120) -> tuple[subprocess.CompletedProcess, float]:
+    """Headless Chromium on a page: (its result, seconds); a run past ``timeout`` counts as failed (rc 124)."""
     binary = shutil.which("chromium") or "/usr/bin/chromium"
+    argv = [binary, *CHROMIUM_FLAGS, *args]
     with tempfile.TemporaryDirectory() as profile:
         t0 = time.monotonic()
-        r = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                           capture_output=True, text=True, timeout=timeout)
+        try:
+            r = subprocess.run([*argv, f"--user-data-dir={profile}"], capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            r = subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout} s")
         return r, time.monotonic() - t0
 
 
@@ -165,6 +170,8 @@ def measure(n: int, repeats: int, out: Path, browser: bool) -> dict:
     return row
 
 
+SIZES = [64, 256, 1024]
+TITLE = "## Health page and report.json at scale"
 COLUMNS = [("nodes", "nodes", "d"), ("records", "records", "d"), ("failures", "failures", "d"),
            ("render s", "render_s", ".2f"), ("render CPU s", "render_cpu_s", ".2f"), ("page MB", "page_mb", ".2f"),
            ("report.json MB", "report_json_mb", ".2f"), ("report.md MB", "report_md_mb", ".2f"),
@@ -172,14 +179,14 @@ COLUMNS = [("nodes", "nodes", "d"), ("records", "records", "d"), ("failures", "f
            ("screenshot s", "screenshot_s", ".1f")]
 
 
-def text_table(rows: list[dict]) -> str:
-    def cell(row, key, fmt):
-        v = row.get(key)
-        return "-" if v is None else (format(v, fmt) if fmt else str(v))
-    head = [c[0] for c in COLUMNS]
-    body = [[cell(r, k, f) for _, k, f in COLUMNS] for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    return "\n".join("  ".join(v.rjust(widths[i]) for i, v in enumerate(line)) for line in [head, *body])
+def section(results: dict) -> str:
+    """The docs/benchmarks.md section of a run: what was measured, the command, the table."""
+    from scale import table  # tests/bench/scale.py: the tables of every section
+    return (f"{TITLE}\n\nA real 2-node report grown to N nodes the way the product probes at that size "
+            "(tests/bench/health.py says how), rendered by the report play's filters; render time the median of "
+            f"{results['repeats']}; the page opened in headless Chromium (the page's script ran; a 1400x1200 "
+            "screenshot). Raw output: `docs/benchmarks-health.json`.\n\n"
+            f"Command: `{results['command']}`\n\n" + table(results["rows"], COLUMNS))
 
 
 def bench_health(sizes: list[int], repeats: int, out: Path | None = None, browser: bool = True) -> list[dict]:
@@ -195,13 +202,19 @@ def bench_health(sizes: list[int], repeats: int, out: Path | None = None, browse
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="64,256,1024")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="keep the pages and screenshots here")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--write", action="store_true", help=f"write the raw output to {RAW.relative_to(REPO)}")
     args = ap.parse_args()
-    rows = bench_health([int(s) for s in args.sizes.split(",") if s], args.repeats, args.out, not args.no_browser)
-    print(text_table(rows))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    results = {"command": f".venv/bin/python tests/bench/health.py --sizes {args.sizes} --repeats {args.repeats}",
+               "repeats": args.repeats,
+               "rows": bench_health(sizes, args.repeats, args.out, not args.no_browser)}
+    if args.write:
+        RAW.write_text(json.dumps(results, indent=1) + "\n")
+    print(section(results))
     return 0
 
 
