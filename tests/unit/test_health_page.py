@@ -187,3 +187,14 @@ def test_drift_summary_names_every_odd_node():
     assert rows == [{"key": "driver", "majority": "580.1", "nodes": 39, "of": 40,
                      "odd": [{"host": "h9", "value": "570.1"}]}]
 
+
+
+def test_nodes_without_failing_links_are_folded():
+    page = render(_big(n=40, bad=("h7",)))
+    path_mtu = page[page.index('data-metric="path_mtu" data-failing'):page.index('data-metric="busbw_gbps" data-failing')]
+    shown, folded = path_mtu.split("<details>")
+    assert shown.count('<tr data-host="') == 7 and "<summary>33 more node(s)</summary>" in folded
+    busbw = page[page.index('data-metric="busbw_gbps" data-failing'):]
+    shown, folded = busbw.split("<details>", 1)
+    assert shown.count('<tr data-host="') == _page.WORST_LINKS  # no failing link: the lowest min open
+    assert shown.index('<tr data-host="h5"') < shown.index('<tr data-host="h6"') < shown.index('<tr data-host="h0"')
