@@ -89,7 +89,7 @@ def pairwise_matrices(report: dict, full_max: int = FULL_MATRIX_MAX) -> list[dic
     out = []
     for metric, values in metrics.items():
         flat = [v for row in values.values() for v in row.values() if v is not None]
-        numeric = bool(flat) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat)
+        numeric = bool(flat) and all(map(_is_number, flat))
         m = {"metric": metric, "hosts": hosts, "values": values, "numeric": numeric,
              "max": max(flat) if numeric and flat else None, "full": len(hosts) <= full_max}
         if not m["full"]:
@@ -131,8 +131,9 @@ def summarise_pairwise(values: dict, hosts: list[str], numeric: bool, worst: int
                 links.append({"src": src, "dst": dst, "value": value})
                 nodes[src]["_nums"].append(value)
                 nodes[dst]["_nums"].append(value)
-    far = len(position)
-    order = lambda h: position.get(h, far)  # noqa: E731
+    def order(host: str) -> int:
+        return position.get(host, len(position))
+
     failing.sort(key=lambda p: (order(p["src"]), order(p["dst"])))
     worst_links = sorted(links, key=lambda p: (p["value"], order(p["src"]), order(p["dst"])))[:max(0, worst)]
     rows = []

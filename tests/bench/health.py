@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -159,7 +160,7 @@ def measure(n: int, repeats: int, out: Path, browser: bool) -> dict:
            "summary": report["summary"], "faults": faults, "build_s": round(build_s, 3),
            "render_s": round(statistics.median(walls), 3), "render_cpu_s": round(statistics.median(cpus), 3),
            "page_mb": round(len(page.encode()) / 1e6, 3), "report_json_mb": round(len(text.encode()) / 1e6, 3),
-           "report_md_mb": round(len(md.encode()) / 1e6, 3)}
+           "report_md_mb": round(len(md.encode()) / 1e6, 3), "load_1min": round(os.getloadavg()[0], 1)}
     if browser:
         dom, dom_s = chromium("--dump-dom", html_path.as_uri())
         shot = out / f"health-{n}.png"
@@ -173,7 +174,8 @@ def measure(n: int, repeats: int, out: Path, browser: bool) -> dict:
 SIZES = [64, 256, 1024]
 TITLE = "## Health page and report.json at scale"
 COLUMNS = [("nodes", "nodes", "d"), ("records", "records", "d"), ("failures", "failures", "d"),
-           ("render s", "render_s", ".2f"), ("render CPU s", "render_cpu_s", ".2f"), ("page MB", "page_mb", ".2f"),
+           ("render s", "render_s", ".2f"), ("render CPU s", "render_cpu_s", ".2f"), ("load", "load_1min", ".1f"),
+           ("page MB", "page_mb", ".2f"),
            ("report.json MB", "report_json_mb", ".2f"), ("report.md MB", "report_md_mb", ".2f"),
            ("Chromium: script ran", "browser_ready", ""), ("screenshot", "screenshot_ok", ""),
            ("screenshot s", "screenshot_s", ".1f")]
@@ -184,8 +186,9 @@ def section(results: dict) -> str:
     from scale import table  # tests/bench/scale.py: the tables of every section
     return (f"{TITLE}\n\nA real 2-node report grown to N nodes the way the product probes at that size "
             "(tests/bench/health.py says how), rendered by the report play's filters; render time the median of "
-            f"{results['repeats']}; the page opened in headless Chromium (the page's script ran; a 1400x1200 "
-            "screenshot). Raw output: `docs/benchmarks-health.json`.\n\n"
+            f"{results['repeats']} (wall and CPU; load: the machine's 1-minute load average then); the page opened "
+            "in headless Chromium (the page's script ran; a 1400x1200 screenshot). Raw output: "
+            "`docs/benchmarks-health.json`.\n\n"
             f"Command: `{results['command']}`\n\n" + table(results["rows"], COLUMNS))
 
 
