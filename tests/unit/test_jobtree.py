@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import SymlinkSwapper
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 
 
@@ -233,9 +234,13 @@ def test_mkdir_sets_the_mode_on_its_descriptor_and_checks_the_owner(tree):
     d, created = jt.mkdir(fd, "progress", 0o1777)
     os.close(d)
     assert created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o1777
+    os.chmod(root / "progress", 0o755)
     d, created = jt.mkdir(fd, "progress", 0o1777)
     os.close(d)
-    assert not created
+    assert not created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o755  # an existing one is kept
+    d, created = jt.mkdir(fd, "progress", 0o1777, enforce_mode=True)
+    os.close(d)
+    assert not created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o1777
     with pytest.raises(jt.TreeError, match="owned"):
         jt.mkdir(fd, "progress", 0o1777, owner=os.geteuid() + 1)
     d, made = jt.makedirs(fd, "x/y/z", 0o750)
@@ -250,42 +255,19 @@ def test_a_directory_swapped_for_a_symlink_during_mkdir_never_changes_the_target
     base.mkdir()
     canary.mkdir(mode=0o700)
     os.chmod(canary, 0o700)
-    new = base / "progress"
-    stop = threading.Event()
-
-    def job():
-        while not stop.is_set():
-            try:
-                os.rename(new, base / "aside")
-                os.symlink(canary, new)
-            except OSError:
-                pass
-            try:
-                os.unlink(new)
-            except OSError:
-                pass
-            for n in ("aside",):
-                try:
-                    os.rmdir(base / n)
-                except OSError:
-                    pass
-
-    t = threading.Thread(target=job, daemon=True)
-    t.start()
     fd = jt.open_root(base)
     refused = made = 0
     deadline = time.monotonic() + 3
     try:
-        while time.monotonic() < deadline:
-            try:
-                d, _ = jt.mkdir(fd, "progress", 0o1777)
-                os.close(d)
-                made += 1
-            except (jt.TreeError, FileNotFoundError):
-                refused += 1
-            assert stat.S_IMODE(os.stat(canary).st_mode) == 0o700
+        with SymlinkSwapper(base / "progress", canary):
+            while time.monotonic() < deadline:
+                try:
+                    d, _ = jt.mkdir(fd, "progress", 0o1777)
+                    os.close(d)
+                    made += 1
+                except (jt.TreeError, FileNotFoundError):
+                    refused += 1
+                assert stat.S_IMODE(os.stat(canary).st_mode) == 0o700
     finally:
-        stop.set()
-        t.join(5)
         os.close(fd)
     assert made + refused > 50

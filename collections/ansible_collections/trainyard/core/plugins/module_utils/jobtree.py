@@ -368,10 +368,11 @@ def tree_bytes(dir_fd: int, rel=".", max_depth: int = Caps.DEPTH, max_entries: i
     return max(alloc, size)
 
 
-def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None) -> tuple:
+def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None, enforce_mode: bool = False) -> tuple:
     """(descriptor, created) of directory dir_fd/name: mkdirat, then opened O_NOFOLLOW|O_DIRECTORY and its mode
-    (and owner with uid/gid) set with fchmod/fchown on THAT descriptor. owner: the uid an existing directory must
-    have (TreeError otherwise). A symlink swapped in is refused, never followed."""
+    (and owner with uid/gid) set with fchmod/fchown on THAT descriptor. An existing directory keeps its mode unless
+    enforce_mode. owner: the uid an existing directory must have (TreeError otherwise). A symlink swapped in is
+    refused, never followed."""
     _one(name)
     try:
         os.mkdir(name, 0o700, dir_fd=dir_fd)
@@ -383,7 +384,7 @@ def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None) -> 
         st = os.fstat(fd)
         if not created and owner is not None and st.st_uid != owner:
             raise TreeError(errno.EPERM, "owned by uid %d, not %d" % (st.st_uid, owner), name)
-        if created or stat.S_IMODE(st.st_mode) != mode:
+        if created or (enforce_mode and stat.S_IMODE(st.st_mode) != mode):
             os.fchmod(fd, mode)
         if (uid is not None and st.st_uid != uid) or (gid is not None and st.st_gid != gid):
             os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
