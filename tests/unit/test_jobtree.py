@@ -190,7 +190,7 @@ def test_listing_walk_and_removal_are_capped(tree):
         list(jt.walk(fd, "d", max_depth=5))
     with pytest.raises(jt.TreeError):
         jt.remove_tree(fd, "a", max_entries=10)
-    assert jt.remove_tree(fd, "d") == {"files": 0, "dirs": 11}
+    assert jt.remove_tree(fd, "d") == {"files": 0, "dirs": 11, "bytes": 0}
 
 
 def test_remove_tree_unlinks_links_and_fifos_without_following_or_opening(tree):
@@ -199,12 +199,12 @@ def test_remove_tree_unlinks_links_and_fifos_without_following_or_opening(tree):
     (root / "a" / "b" / "link").symlink_to(outside)
     (root / "a" / "dirlink").symlink_to(outside / "b")
     os.mknod(root / "a" / "dev", 0o600 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
-    assert jt.remove_tree(fd, "a") == {"files": 5, "dirs": 2}
+    assert jt.remove_tree(fd, "a") == {"files": 5, "dirs": 2, "bytes": 5}
     assert not (root / "a").exists()
     assert (outside / "b" / "f").read_bytes() == b"host secret" and (outside / "f").exists()
-    assert jt.remove_tree(fd, "absent") == {"files": 0, "dirs": 0}
+    assert jt.remove_tree(fd, "absent") == {"files": 0, "dirs": 0, "bytes": 0}
     os.mkfifo(root / "p")
-    assert jt.remove_tree(fd, "p") == {"files": 1, "dirs": 0}
+    assert jt.remove_tree(fd, "p") == {"files": 1, "dirs": 0, "bytes": 0}
 
 
 def test_write_file_replaces_a_planted_symlink_without_reading_or_writing_through_it(tree):

@@ -462,16 +462,18 @@ def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, uid=None,
 
 def remove_tree(dir_fd: int, name: str, max_entries: int = Caps.ENTRIES, max_depth: int = Caps.DEPTH) -> dict:
     """Remove dir_fd/name and, if it is a directory, everything below it: unlinkat/rmdir relative to O_NOFOLLOW
-    descriptors; links, FIFOs and devices are unlinked, never opened. {'files': n, 'dirs': n} removed; more
+    descriptors; links, FIFOs and devices are unlinked, never opened. {'files', 'dirs', 'bytes'} removed (bytes:
+    the apparent size of the regular files); more
     than max_entries or deeper than max_depth -> TreeError (what was removed so far stays removed)."""
     _one(name)
-    counts = {"files": 0, "dirs": 0}
+    counts = {"files": 0, "dirs": 0, "bytes": 0}
     st = stat_at(dir_fd, name)
     if st is None:
         return counts
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         counts["files"] += 1
+        counts["bytes"] += st.st_size if stat.S_ISREG(st.st_mode) else 0
         return counts
 
     def rm_dir(pfd: int, dname: str, depth: int):
@@ -493,6 +495,7 @@ def remove_tree(dir_fd: int, name: str, max_entries: int = Caps.ENTRIES, max_dep
                     try:
                         os.unlink(n, dir_fd=fd)
                         counts["files"] += 1
+                        counts["bytes"] += est.st_size if stat.S_ISREG(est.st_mode) else 0
                     except FileNotFoundError:
                         pass
         finally:
