@@ -162,19 +162,30 @@ def file_size(fd: int) -> int:
     return os.fstat(fd).st_size
 
 
-def read_fd(fd: int, max_bytes: int, tail: bool = False) -> bytes:
-    """At most max_bytes of an open file (tail: the last max_bytes), with pread: a file that shrinks or grows
-    meanwhile gives a short or capped read."""
-    pos = max(0, file_size(fd) - max_bytes) if tail else 0
-    chunks, left = [], max_bytes
-    while left > 0:
-        b = os.pread(fd, min(left, Caps.READ_CHUNK), pos)
+def read_buffer(fd: int, max_bytes: int, tail: bool = False) -> bytearray:
+    """At most max_bytes of an open file (tail: the last max_bytes) in one buffer, with pread (no mmap): a file
+    that shrinks meanwhile gives a short read, one that grows a capped one, never SIGBUS."""
+    size = file_size(fd)
+    pos = max(0, size - max_bytes) if tail else 0
+    buf = bytearray(max(0, min(max_bytes, size - pos)))
+    view, got = memoryview(buf), 0
+    while got < len(buf):
+        n = os.preadv(fd, [view[got:]], pos + got)
+        if not n:
+            break
+        got += n
+    view.release()
+    del buf[got:]
+    while len(buf) < max_bytes:  # grown since the fstat
+        b = os.pread(fd, min(max_bytes - len(buf), Caps.READ_CHUNK), pos + len(buf))
         if not b:
             break
-        chunks.append(b)
-        pos += len(b)
-        left -= len(b)
-    return b"".join(chunks)
+        buf += b
+    return buf
+
+
+def read_fd(fd: int, max_bytes: int, tail: bool = False) -> bytes:
+    return bytes(read_buffer(fd, max_bytes, tail))
 
 
 def read_bytes(dir_fd: int, rel, max_bytes: int, tail: bool = False) -> bytes:
@@ -422,28 +433,24 @@ def stat_at(dir_fd: int, name: str):
         return None
 
 
-def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, uid=None, gid=None) -> bool:
-    """Put data in dir_fd/name atomically: a fresh O_CREAT|O_EXCL|O_NOFOLLOW temporary file, fchmod/fchown,
-    fsync, renameat. A regular file already holding data with that mode and owner is left alone (False). What
-    stands there otherwise (a symlink, a FIFO) is replaced, never opened; a directory is refused."""
-    _one(name)
-    st = stat_at(dir_fd, name)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise TreeError(errno.EISDIR, "a directory where a file belongs", name)
-    if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(data) \
-            and stat.S_IMODE(st.st_mode) == mode and uid in (None, st.st_uid) and gid in (None, st.st_gid):
+def _write_new(dir_fd: int, name: str, data, mode: int, uid, gid) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    for _ in range(100):
+        tmp = ".%s.trainyard-%s" % (name[:200], os.urandom(6).hex())
         try:
-            if read_bytes(dir_fd, name, len(data) + 1) == data:
-                return False
-        except TreeError:
-            pass
-    tmp = ".%s.trainyard-%s" % (name[:200], os.urandom(6).hex())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=dir_fd)
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name", name)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            chunks = [data] if isinstance(data, (bytes, bytearray)) else iter(lambda: data.read(1 << 20), b"")
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
             os.fchmod(fd, mode)
@@ -457,6 +464,26 @@ def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, uid=None,
         except OSError:
             pass
         raise
+
+
+def write_file(dir_fd: int, name: str, data, mode: int = 0o644, uid=None, gid=None) -> bool:
+    """Put data (bytes, or a binary file object copied in chunks) in dir_fd/name atomically: a fresh
+    O_CREAT|O_EXCL|O_NOFOLLOW temporary file (0600 while written), fchown/fchmod, fsync, renameat. A regular file
+    already holding the bytes with that mode and owner is left alone (False). What stands there otherwise (a
+    symlink, a FIFO) is replaced, never opened; a directory is refused."""
+    _one(name)
+    st = stat_at(dir_fd, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise TreeError(errno.EISDIR, "a directory where a file belongs", name)
+    if isinstance(data, (bytes, bytearray)) and st is not None and stat.S_ISREG(st.st_mode) \
+            and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == mode and uid in (None, st.st_uid) \
+            and gid in (None, st.st_gid):
+        try:
+            if read_bytes(dir_fd, name, len(data) + 1) == data:
+                return False
+        except TreeError:
+            pass
+    _write_new(dir_fd, name, data, mode, uid, gid)
     return True
 
 
