@@ -285,7 +285,7 @@ def has_marker(ckpt_dir: str, markers=DEFAULT_MARKERS) -> bool:
     """True when every marker is a regular file in ckpt_dir; a ``.json`` marker must also be one whole JSON
     object (a torn write is not a marker), of any realistic size."""
     try:
-        fd = os.open(ckpt_dir, _DIR_FLAGS)
+        fd = jt.open_root(ckpt_dir)
     except OSError:
         return False
     try:
@@ -357,7 +357,7 @@ def _find_checkpoints_fd(root_fd: int, rroot: str, max_depth: int) -> list[Check
 
 
 def _open_root(rroot: str) -> int:
-    return os.open(rroot, _DIR_FLAGS)
+    return jt.open_root(rroot)
 
 
 def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
@@ -459,7 +459,7 @@ def ensure_deepspeed_latest(checkpoint: str) -> str | None:
     (write_file_at), so nothing the job plants redirects the write.
     """
     try:
-        dfd = os.open(checkpoint, _DIR_FLAGS)
+        dfd = jt.open_root(checkpoint)
     except OSError:
         return None
     try:
