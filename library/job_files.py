@@ -65,10 +65,10 @@ options:
     default: []
   roots:
     description:
-      - Trees the training job can write (the container's writable mount sources: output root, code directory,
+      - "Trees the training job can write (the container's writable mount sources: output root, code directory,
         C(job-rw)). A root is opened as the host made it; every component below it is opened relative to a
         directory descriptor without following any link, so a directory the job swaps for a symlink is refused,
-        never followed.
+        never followed."
       - A path outside every root is opened from its parent directory (the host's own, resolved); its last
         component is never followed either. Paths with C(..) are refused.
     type: list
