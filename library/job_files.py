@@ -206,8 +206,12 @@ def ensure_dir(tree, path, mode, check, enforce_mode=False):
         for i, name in enumerate(parts):
             here = os.path.join(here, name)
             st = jt.stat_at(fd, name)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                raise OSError("%s exists and is not a directory but a symbolic link, never followed here: give the "
+                              "resolved path, or list it in roots if the host made the link (a root is opened as "
+                              "the host made it)" % here)
             if st is not None and not stat.S_ISDIR(st.st_mode):
-                raise OSError("%s exists and is not a directory (%s: never followed)" % (here, jt.kind_of(st)))
+                raise OSError("%s exists and is not a directory (%s)" % (here, jt.kind_of(st)))
             if st is None and check:
                 return True, True, None
             if st is None:

@@ -142,3 +142,29 @@ def test_read_option_lists_what_it_refused(tmp_path: Path):
 def test_a_path_with_dotdot_is_refused(tmp_path: Path):
     r = adhoc("job_files", {"directories": [{"path": str(tmp_path / "a" / ".." / "b")}]})
     assert r["failed"] and "'..'" in r["msg"], r
+
+
+def test_a_root_the_host_made_as_a_symlink_is_used_and_a_symlink_elsewhere_is_named(tmp_path: Path):
+    """The user's output root may be a symlink they made (/srv/outputs -> /mnt/nvme/outputs): listed in roots it
+    is opened as the host made it. Anywhere else a symlink where a directory belongs is refused with the fix."""
+    real = tmp_path / "nvme" / "outputs"
+    real.mkdir(parents=True)
+    link = tmp_path / "outputs"
+    link.symlink_to(real)
+    tree = jf.Tree([str(link)])
+    try:
+        assert jf.ensure_dir(tree, str(link), 0o755, False)[0] in (True, False)
+        assert jf.ensure_dir(tree, str(link / "run"), 0o750, False) == (True, True, None)
+        assert jf.write_file(tree, str(link / "run" / "x"), b"x", 0o644, False)[0]
+    finally:
+        tree.close()
+    assert (real / "run" / "x").read_bytes() == b"x" and mode(real / "run") == 0o750
+    tree = jf.Tree([])
+    try:
+        jf.ensure_dir(tree, str(link), 0o755, False)
+    except OSError as e:
+        assert "symbolic link" in str(e) and "roots" in str(e)
+    else:
+        raise AssertionError("a symlink outside roots was followed")
+    finally:
+        tree.close()
