@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import SymlinkSwapper
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 
 
@@ -160,16 +161,16 @@ def test_a_file_truncated_during_the_read_gives_a_short_read(tree, monkeypatch):
     root, _, fd = tree
     p = root / "a" / "grows"
     p.write_bytes(b"x" * (3 * jt.Caps.READ_CHUNK))
-    real = os.pread
+    real = os.preadv
     calls = []
 
-    def pread(f, n, pos):
+    def preadv(f, bufs, pos):  # the kernel may return less than asked: one chunk a call, truncated after the first
         calls.append(pos)
         if len(calls) == 2:
             os.truncate(p, jt.Caps.READ_CHUNK + 10)
-        return real(f, n, pos)
+        return real(f, [bufs[0][:jt.Caps.READ_CHUNK]], pos)
 
-    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "preadv", preadv)
     assert len(jt.read_bytes(fd, "a/grows", 10 * jt.Caps.READ_CHUNK)) == jt.Caps.READ_CHUNK + 10
     os.truncate(p, 5)
     assert jt.read_bytes(fd, "a/grows", 100, tail=True) == b"xxxxx"
@@ -189,7 +190,7 @@ def test_listing_walk_and_removal_are_capped(tree):
         list(jt.walk(fd, "d", max_depth=5))
     with pytest.raises(jt.TreeError):
         jt.remove_tree(fd, "a", max_entries=10)
-    assert jt.remove_tree(fd, "d") == {"files": 0, "dirs": 11}
+    assert jt.remove_tree(fd, "d") == {"files": 0, "dirs": 11, "bytes": 0}
 
 
 def test_remove_tree_unlinks_links_and_fifos_without_following_or_opening(tree):
@@ -198,12 +199,12 @@ def test_remove_tree_unlinks_links_and_fifos_without_following_or_opening(tree):
     (root / "a" / "b" / "link").symlink_to(outside)
     (root / "a" / "dirlink").symlink_to(outside / "b")
     os.mknod(root / "a" / "dev", 0o600 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
-    assert jt.remove_tree(fd, "a") == {"files": 5, "dirs": 2}
+    assert jt.remove_tree(fd, "a") == {"files": 5, "dirs": 2, "bytes": 5}
     assert not (root / "a").exists()
     assert (outside / "b" / "f").read_bytes() == b"host secret" and (outside / "f").exists()
-    assert jt.remove_tree(fd, "absent") == {"files": 0, "dirs": 0}
+    assert jt.remove_tree(fd, "absent") == {"files": 0, "dirs": 0, "bytes": 0}
     os.mkfifo(root / "p")
-    assert jt.remove_tree(fd, "p") == {"files": 1, "dirs": 0}
+    assert jt.remove_tree(fd, "p") == {"files": 1, "dirs": 0, "bytes": 0}
 
 
 def test_write_file_replaces_a_planted_symlink_without_reading_or_writing_through_it(tree):
@@ -233,9 +234,13 @@ def test_mkdir_sets_the_mode_on_its_descriptor_and_checks_the_owner(tree):
     d, created = jt.mkdir(fd, "progress", 0o1777)
     os.close(d)
     assert created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o1777
+    os.chmod(root / "progress", 0o755)
     d, created = jt.mkdir(fd, "progress", 0o1777)
     os.close(d)
-    assert not created
+    assert not created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o755  # an existing one is kept
+    d, created = jt.mkdir(fd, "progress", 0o1777, enforce_mode=True)
+    os.close(d)
+    assert not created and stat.S_IMODE((root / "progress").stat().st_mode) == 0o1777
     with pytest.raises(jt.TreeError, match="owned"):
         jt.mkdir(fd, "progress", 0o1777, owner=os.geteuid() + 1)
     d, made = jt.makedirs(fd, "x/y/z", 0o750)
@@ -250,42 +255,19 @@ def test_a_directory_swapped_for_a_symlink_during_mkdir_never_changes_the_target
     base.mkdir()
     canary.mkdir(mode=0o700)
     os.chmod(canary, 0o700)
-    new = base / "progress"
-    stop = threading.Event()
-
-    def job():
-        while not stop.is_set():
-            try:
-                os.rename(new, base / "aside")
-                os.symlink(canary, new)
-            except OSError:
-                pass
-            try:
-                os.unlink(new)
-            except OSError:
-                pass
-            for n in ("aside",):
-                try:
-                    os.rmdir(base / n)
-                except OSError:
-                    pass
-
-    t = threading.Thread(target=job, daemon=True)
-    t.start()
     fd = jt.open_root(base)
     refused = made = 0
     deadline = time.monotonic() + 3
     try:
-        while time.monotonic() < deadline:
-            try:
-                d, _ = jt.mkdir(fd, "progress", 0o1777)
-                os.close(d)
-                made += 1
-            except (jt.TreeError, FileNotFoundError):
-                refused += 1
-            assert stat.S_IMODE(os.stat(canary).st_mode) == 0o700
+        with SymlinkSwapper(base / "progress", canary):
+            while time.monotonic() < deadline:
+                try:
+                    d, _ = jt.mkdir(fd, "progress", 0o1777)
+                    os.close(d)
+                    made += 1
+                except (jt.TreeError, FileNotFoundError):
+                    refused += 1
+                assert stat.S_IMODE(os.stat(canary).st_mode) == 0o700
     finally:
-        stop.set()
-        t.join(5)
         os.close(fd)
     assert made + refused > 50

@@ -162,19 +162,30 @@ def file_size(fd: int) -> int:
     return os.fstat(fd).st_size
 
 
-def read_fd(fd: int, max_bytes: int, tail: bool = False) -> bytes:
-    """At most max_bytes of an open file (tail: the last max_bytes), with pread: a file that shrinks or grows
-    meanwhile gives a short or capped read."""
-    pos = max(0, file_size(fd) - max_bytes) if tail else 0
-    chunks, left = [], max_bytes
-    while left > 0:
-        b = os.pread(fd, min(left, Caps.READ_CHUNK), pos)
+def read_buffer(fd: int, max_bytes: int, tail: bool = False) -> bytearray:
+    """At most max_bytes of an open file (tail: the last max_bytes) in one buffer, with pread (no mmap): a file
+    that shrinks meanwhile gives a short read, one that grows a capped one, never SIGBUS."""
+    size = file_size(fd)
+    pos = max(0, size - max_bytes) if tail else 0
+    buf = bytearray(max(0, min(max_bytes, size - pos)))
+    view, got = memoryview(buf), 0
+    while got < len(buf):
+        n = os.preadv(fd, [view[got:]], pos + got)
+        if not n:
+            break
+        got += n
+    view.release()
+    del buf[got:]
+    while len(buf) < max_bytes:  # grown since the fstat
+        b = os.pread(fd, min(max_bytes - len(buf), Caps.READ_CHUNK), pos + len(buf))
         if not b:
             break
-        chunks.append(b)
-        pos += len(b)
-        left -= len(b)
-    return b"".join(chunks)
+        buf += b
+    return buf
+
+
+def read_fd(fd: int, max_bytes: int, tail: bool = False) -> bytes:
+    return bytes(read_buffer(fd, max_bytes, tail))
 
 
 def read_bytes(dir_fd: int, rel, max_bytes: int, tail: bool = False) -> bytes:
@@ -368,10 +379,11 @@ def tree_bytes(dir_fd: int, rel=".", max_depth: int = Caps.DEPTH, max_entries: i
     return max(alloc, size)
 
 
-def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None) -> tuple:
+def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None, enforce_mode: bool = False) -> tuple:
     """(descriptor, created) of directory dir_fd/name: mkdirat, then opened O_NOFOLLOW|O_DIRECTORY and its mode
-    (and owner with uid/gid) set with fchmod/fchown on THAT descriptor. owner: the uid an existing directory must
-    have (TreeError otherwise). A symlink swapped in is refused, never followed."""
+    (and owner with uid/gid) set with fchmod/fchown on THAT descriptor. An existing directory keeps its mode unless
+    enforce_mode. owner: the uid an existing directory must have (TreeError otherwise). A symlink swapped in is
+    refused, never followed."""
     _one(name)
     try:
         os.mkdir(name, 0o700, dir_fd=dir_fd)
@@ -383,7 +395,7 @@ def mkdir(dir_fd: int, name: str, mode: int, uid=None, gid=None, owner=None) -> 
         st = os.fstat(fd)
         if not created and owner is not None and st.st_uid != owner:
             raise TreeError(errno.EPERM, "owned by uid %d, not %d" % (st.st_uid, owner), name)
-        if created or stat.S_IMODE(st.st_mode) != mode:
+        if created or (enforce_mode and stat.S_IMODE(st.st_mode) != mode):
             os.fchmod(fd, mode)
         if (uid is not None and st.st_uid != uid) or (gid is not None and st.st_gid != gid):
             os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
@@ -421,28 +433,24 @@ def stat_at(dir_fd: int, name: str):
         return None
 
 
-def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, uid=None, gid=None) -> bool:
-    """Put data in dir_fd/name atomically: a fresh O_CREAT|O_EXCL|O_NOFOLLOW temporary file, fchmod/fchown,
-    fsync, renameat. A regular file already holding data with that mode and owner is left alone (False). What
-    stands there otherwise (a symlink, a FIFO) is replaced, never opened; a directory is refused."""
-    _one(name)
-    st = stat_at(dir_fd, name)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise TreeError(errno.EISDIR, "a directory where a file belongs", name)
-    if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(data) \
-            and stat.S_IMODE(st.st_mode) == mode and uid in (None, st.st_uid) and gid in (None, st.st_gid):
+def _write_new(dir_fd: int, name: str, data, mode: int, uid, gid) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    for _ in range(100):
+        tmp = ".%s.trainyard-%s" % (name[:200], os.urandom(6).hex())
         try:
-            if read_bytes(dir_fd, name, len(data) + 1) == data:
-                return False
-        except TreeError:
-            pass
-    tmp = ".%s.trainyard-%s" % (name[:200], os.urandom(6).hex())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=dir_fd)
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name", name)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            chunks = [data] if isinstance(data, (bytes, bytearray)) else iter(lambda: data.read(1 << 20), b"")
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
             os.fchmod(fd, mode)
@@ -456,21 +464,43 @@ def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, uid=None,
         except OSError:
             pass
         raise
+
+
+def write_file(dir_fd: int, name: str, data, mode: int = 0o644, uid=None, gid=None) -> bool:
+    """Put data (bytes, or a binary file object copied in chunks) in dir_fd/name atomically: a fresh
+    O_CREAT|O_EXCL|O_NOFOLLOW temporary file (0600 while written), fchown/fchmod, fsync, renameat. A regular file
+    already holding the bytes with that mode and owner is left alone (False). What stands there otherwise (a
+    symlink, a FIFO) is replaced, never opened; a directory is refused."""
+    _one(name)
+    st = stat_at(dir_fd, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise TreeError(errno.EISDIR, "a directory where a file belongs", name)
+    if isinstance(data, (bytes, bytearray)) and st is not None and stat.S_ISREG(st.st_mode) \
+            and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == mode and uid in (None, st.st_uid) \
+            and gid in (None, st.st_gid):
+        try:
+            if read_bytes(dir_fd, name, len(data) + 1) == data:
+                return False
+        except TreeError:
+            pass
+    _write_new(dir_fd, name, data, mode, uid, gid)
     return True
 
 
 def remove_tree(dir_fd: int, name: str, max_entries: int = Caps.ENTRIES, max_depth: int = Caps.DEPTH) -> dict:
     """Remove dir_fd/name and, if it is a directory, everything below it: unlinkat/rmdir relative to O_NOFOLLOW
-    descriptors; links, FIFOs and devices are unlinked, never opened. {'files': n, 'dirs': n} removed; more
+    descriptors; links, FIFOs and devices are unlinked, never opened. {'files', 'dirs', 'bytes'} removed (bytes:
+    the apparent size of the regular files); more
     than max_entries or deeper than max_depth -> TreeError (what was removed so far stays removed)."""
     _one(name)
-    counts = {"files": 0, "dirs": 0}
+    counts = {"files": 0, "dirs": 0, "bytes": 0}
     st = stat_at(dir_fd, name)
     if st is None:
         return counts
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         counts["files"] += 1
+        counts["bytes"] += st.st_size if stat.S_ISREG(st.st_mode) else 0
         return counts
 
     def rm_dir(pfd: int, dname: str, depth: int):
@@ -492,6 +522,7 @@ def remove_tree(dir_fd: int, name: str, max_entries: int = Caps.ENTRIES, max_dep
                     try:
                         os.unlink(n, dir_fd=fd)
                         counts["files"] += 1
+                        counts["bytes"] += est.st_size if stat.S_ISREG(est.st_mode) else 0
                     except FileNotFoundError:
                         pass
         finally:
