@@ -141,11 +141,36 @@ def load_plain(data):
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
+def put(run_dir, rel, data):
+    """Write data (bytes or str) to run_dir/rel through jobtree (directories made and entered without following a
+    link, the file written to a fresh temporary file and renamed): the run directory holds what the job wrote."""
+    parts = rel.split("/")
+    root = jobtree.open_root(run_dir)
+    try:
+        fd, _made = jobtree.makedirs(root, "/".join(parts[:-1]) or ".", 0o755)
+        try:
+            jobtree.write_file(fd, parts[-1], data.encode() if isinstance(data, str) else data)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+
+
+def get(run_dir, rel, max_bytes):
+    """At most max_bytes of run_dir/rel through jobtree (a regular file, no link followed); b"" when absent."""
+    root = jobtree.open_root(run_dir)
+    try:
+        return jobtree.read_bytes(root, rel, max_bytes)
+    except FileNotFoundError:
+        return b""
+    finally:
+        os.close(root)
+
+
 def write_node_files(run_dir, host, result, max_bytes=256 << 20, max_files=4096):
     """Store a node's files under nodes/<host>/: plain names only, at most max_bytes and max_files in all (what is
     past a cap is listed as skipped, not written)."""
-    base = os.path.join(run_dir, "nodes", host)
-    os.makedirs(base, exist_ok=True)
+    base = "nodes/" + host
     listing, total = [], 0
     files = result.get("files") if isinstance(result.get("files"), list) else []
     for f in files[:max_files]:
@@ -170,18 +195,14 @@ def write_node_files(run_dir, host, result, max_bytes=256 << 20, max_files=4096)
                 listing.append(entry)
                 continue
             total += len(data)
-            path = os.path.join(base, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as out:
-                out.write(data)
-            entry["path"] = os.path.relpath(path, run_dir)
+            put(run_dir, base + "/" + name, data)
+            entry["path"] = base + "/" + name
         listing.append(entry)
     if len(files) > max_files:
         listing.append({"name": "(more)", "skipped": "left out: %d more files than %d" % (len(files) - max_files,
                                                                                           max_files)})
-    with open(os.path.join(base, "collect.json"), "w") as out:
-        json.dump({k: v for k, v in result.items() if k != "files"} | {"files": listing}, out, indent=1,
-                  default=str)
+    put(run_dir, base + "/collect.json", json.dumps({k: v for k, v in result.items() if k != "files"}
+                                                    | {"files": listing}, indent=1, default=str))
     return listing
 
 
@@ -192,8 +213,7 @@ def analyse_dumps(run_dir, dumps, world_size, python, timeout):
                 "note": "no flight-recorder dump on any node (NCCL dumps on a collective timeout with "
                         "TORCH_NCCL_DUMP_ON_TIMEOUT=1; gloo never dumps; a job that did not time out has none)"}
     work = os.path.join(run_dir, "flight_recorder")
-    os.makedirs(work, exist_ok=True)
-    refused, fixed = [], []
+    refused, fixed, have = [], [], []
     for rank, data in sorted(dumps.items()):
         try:
             dump = jobtree.check_types(load_plain(data), FR_SCHEMA)
@@ -203,9 +223,9 @@ def analyse_dumps(run_dir, dumps, world_size, python, timeout):
         dump, changed = normalize_fr_dump(dump)
         if changed:
             fixed.append(rank)
-        with open(os.path.join(work, "rank_%d" % rank), "wb") as out:
-            pickle.dump(dump, out)
-    have = sorted(int(n[5:]) for n in os.listdir(work) if n.startswith("rank_") and n[5:].isdigit())
+        put(run_dir, "flight_recorder/rank_%d" % rank, pickle.dumps(dump))
+        have.append(rank)
+    have = sorted(have)
     argv = [python, "-m", "torch.distributed.flight_recorder.fr_trace", work, "-p", "rank_"]
     note = []
     if world_size and len(have) < world_size:
@@ -224,8 +244,7 @@ def analyse_dumps(run_dir, dumps, world_size, python, timeout):
         output, rc = p.stdout, p.returncode
     except (OSError, subprocess.TimeoutExpired) as e:
         output, rc = str(e), None
-    with open(os.path.join(run_dir, "flight_recorder.txt"), "w") as out:
-        out.write("$ %s\n%s" % (" ".join(argv), output))
+    put(run_dir, "flight_recorder.txt", "$ %s\n%s" % (" ".join(argv), output))
     if rc != 0:
         why = "No module named" in output and "torch is not installed for %s on the controller" % python or \
             "the analyzer failed (exit %s): %s" % (rc, output.strip().splitlines()[-1:] or "")
@@ -327,18 +346,16 @@ def main():
             if r["status"] in ("fail", "warn"):
                 hardware.append(dict(r, host=host))
         other.extend(other_kernel_events(host, (res.get("kernel") or {}).get("events"), opts))
-        log = os.path.join(run_dir, "nodes", host, "torchrun.log")
-        text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
+        text = get(run_dir, "nodes/%s/torchrun.log" % host, p["node_max_bytes"]).decode("utf-8", "replace")
         for f in tr.parse_failures(text):
             f["node"], f["node_rank"] = host, node_rank
             failures.append(f)
         for n in res.get("dumps") or []:
             if not (isinstance(n, str) and n.startswith("rank_") and n[5:].isdigit()):
                 continue
-            path = os.path.join(run_dir, "nodes", host, "flight_recorder", n)
-            if os.path.exists(path):
-                with open(path, "rb") as fh:
-                    dumps[int(n[5:])] = fh.read()
+            data = get(run_dir, "nodes/%s/flight_recorder/%s" % (host, n), p["node_max_bytes"])
+            if data:
+                dumps[int(n[5:])] = data
         progress_in[host] = {"node_rank": node_rank, "ranks": res.get("progress") or []}
         st = res.get("state") or {}
         nodes.append({"host": host, "node_rank": node_rank, "state": "collected",
@@ -383,8 +400,7 @@ def main():
            "unreachable": unreachable, "first_failure": first, "flight_recorder": {
                k: fr.get(k) for k in ("status", "problems", "note", "ranks")}, "hardware": hardware,
            "kernel_events": other, "stragglers": prog["stragglers"], "stalled": prog["stalled"], "files": files}
-    with open(os.path.join(run_dir, "collect.json"), "w") as out:
-        json.dump(job, out, indent=1, default=str)
+    put(run_dir, "collect.json", json.dumps(job, indent=1, default=str))
     md = ["# Job diagnosis", "", "## What went wrong", ""] + ["- " + x for x in lines] + ["", "## Fixes", ""]
     md += ["- " + x for x in job["fixes"]] + ["", "## Nodes", "", "| node | rank | state | last step | steps/s | "
                                               "compute s/step | files |", "|---|---|---|---|---|---|---|"]
@@ -398,8 +414,7 @@ def main():
         md += ["", "## Flight recorder (PyTorch's analyzer)", "", "```", fr["output"].strip()[-6000:], "```"]
     if fr.get("note"):
         md += ["", fr["note"]]
-    with open(os.path.join(run_dir, "collect.md"), "w") as out:
-        out.write("\n".join(md) + "\n")
+    put(run_dir, "collect.md", "\n".join(md) + "\n")
     m.exit_json(changed=False, job=job, records=records, lines=lines)
 
 

@@ -88,18 +88,6 @@ PENDING = {
     (MU + "procgroup.py", "start_detached", "os.open"):
         "H2: a sidecar's log opened O_CREAT|O_APPEND by path, following a symlink",
     (MU + "procgroup.py", "start_detached", "open"): "H2: os.devnull (move to ALLOWED with the fix above)",
-    (MU + "job_collect.py", "safe_read", "os.open"):
-        "H3: path-based open when no dir_fd is given; O_NONBLOCK open before the type check (a device node the "
-        "job made is opened: use jobtree.open_file)",
-    (MU + "job_collect.py", "open_dir", "os.open"): "H3: path-based open when no dir_fd is given",
-    (MU + "recover.py", "list_shards", "os.open"):
-        "H3: <checkpoint>/trainer_state.json opened by path before its type is known (a device node is opened), "
-        "then json.load unbounded",
-    (MU + "ckpt_transfer.py", "open_checkpoint", "os.open"): "H3: the output root opened without O_NOFOLLOW",
-    ("library/collect_bundle.py", "write_node_files", "open"): "H3: controller bundle files written by path",
-    ("library/collect_bundle.py", "analyse_dumps", "open"): "H3: controller dump files written by path",
-    ("library/collect_bundle.py", "main", "open"):
-        "H3: the fetched job log and dumps read by path, whole (open(log).read()), on the controller",
 }
 
 BANNED_ATTRS = {("os", "chmod"), ("os", "chown"), ("os", "lchown"), ("shutil", "rmtree"), ("os", "walk"),

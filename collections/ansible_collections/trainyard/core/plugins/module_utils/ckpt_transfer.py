@@ -68,7 +68,7 @@ def open_checkpoint(parent, name, create=False):
     """A descriptor of parent/name: parent (the output root, from the inventory) is trusted, name is not followed
     when it is a link."""
     try:
-        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        pfd = jobtree.open_root(parent)  # its parents are the host's; a link as the root itself is refused
     except OSError as e:
         raise TransferError("%s: %s" % (parent, e.strerror))
     try:
