@@ -396,11 +396,9 @@ class Launch(object):
                                  "(ansible-playbook reset.yml)." % (path, e, self.job), **self.result)
 
     def job_procs(self, state):
-        exclude = set()
-        for sc in state.get("sidecars", []):
-            exclude.add(sc.get("pid"))
-        procs = pg.job_processes(state["pid"], state["start_ticks"], state.get("token"))
-        return [p for p in procs if p.pid not in exclude]
+        """The job's processes without its sidecars (procgroup.find_job: the rule job_reset uses too)."""
+        exclude = set(sc.get("pid") for sc in state.get("sidecars", []))
+        return [p for p in pg.find_job([state], sidecars=False) if p.pid not in exclude]
 
     def sidecar_procs(self, sc):
         if not sc.get("pid"):
@@ -408,13 +406,27 @@ class Launch(object):
         return pg.job_processes(sc["pid"], sc.get("start_ticks"), sc.get("token"))
 
     def all_procs(self, state):
-        seen = {}
-        for p in self.job_procs(state):
-            seen[p.pid] = p
-        for sc in state.get("sidecars", []):
-            for p in self.sidecar_procs(sc):
-                seen[p.pid] = p
-        return sorted(seen.values(), key=lambda s: s.pid)
+        """Every process of the job and its sidecars: what stop ends (procgroup.find_job, as job_reset)."""
+        return pg.find_job([state])
+
+    def container_identity(self):
+        """The training container's id and its init process (PID + start time) from the engine, recorded in
+        launch.json so that stop and reset find every process in the container's cgroup (procgroup.find_job).
+        Returns ({container_id, container_init_pid, container_init_ticks}, None) or ({}, why not)."""
+        rc, out, err = self.m.run_command([self.p["docker"], "inspect", "--format", "{{.Id}} {{.State.Pid}}",
+                                           self.p["container"]])
+        parts = out.split() if rc == 0 else []
+        if len(parts) != 2 or not pg.valid_container_id(parts[0]) or not parts[1].isdigit():
+            return {}, "docker inspect %s gave no id and PID (rc %d): %s" % (
+                self.p["container"], rc, (err or out).strip()[-200:])
+        cid, pid = parts[0], int(parts[1])
+        st = pg.read_stat(pid)
+        if st is None:
+            return {}, "the container's init (PID %d) is not visible in /proc: is pid_mode host?" % pid
+        if not pg.in_container_cgroup(pg.read_cgroup(pid), cid):
+            return {}, "the container's init (PID %d) does not name the container in /proc/%d/cgroup (%s)" % (
+                pid, pid, ", ".join(pg.read_cgroup(pid) or [])[:200])
+        return {"container_id": cid, "container_init_pid": pid, "container_init_ticks": st.start_ticks}, None
 
     def describe(self, state, extra=None):
         procs = self.job_procs(state)
@@ -796,6 +808,14 @@ class Launch(object):
                                      % (src, dst, e.strerror), **self.result)
         # launcher.py's own text (AnsiballZ ships it inside this module's payload, beside the other module utils).
         tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), inspect.getsource(launcher_script), 0o755)
+        cgroup = {}
+        if p["runtime"] == "docker":
+            cgroup, why = self.container_identity()
+            # Without the cgroup record the job is found by the launcher (subreaper), descendants and token only.
+            self.result["cgroup_tracking"] = "pass" if cgroup else "skip: %s" % why
+            if why:
+                self.m.warn("job %s: processes are not tracked by the container's cgroup (%s); a process that leaves "
+                            "the launcher's tree without the token may survive a stop" % (self.job, why))
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")
@@ -812,6 +832,9 @@ class Launch(object):
             self.job, p["runtime"], p["container"], data["pid"], data["pgid"], data["start_ticks"], started_at,
             command, p["env_files"], self.log, p["node_rank"], p["master_port"], resume, sidecars, token, fp,
             exit_path, torchrun_pid=data.get("child_pid"))
+        # What finds the job's processes (procgroup.find_job) and its ranks (procgroup.job_ranks) besides the above.
+        new_state.update(cgroup, torchrun_start_ticks=data.get("child_start_ticks"),
+                         nproc_per_node=int(p["nproc_per_node"]))
         tr.write_atomic(self.state_path, tr.dumps_state(new_state), 0o640)
         self.result.update(changed=True)
         self.result.update(self.describe(new_state, {"env": tr.redact_env(env)}))

@@ -3,10 +3,14 @@
 # Written into the job's read-only directory (<state_root>/<job>/job-ro/launcher.py) and run with the job's python
 # (host or inside the training container, which mounts that directory read-only at the same path); standard library
 # only. It becomes a session leader, writes its PID, start time and the torchrun PID, runs torchrun with the
-# environment applied, forwards SIGTERM/SIGINT, records torchrun's exit status, and on the way out ends any process
-# still carrying the job's launch token (workers orphaned by an agent that was killed), so a dead agent never leaves
-# ranks hanging at a collective.
+# environment applied, forwards SIGTERM/SIGINT, records torchrun's exit status, and on the way out ends every process
+# the job left: it is the child subreaper of the job (prctl PR_SET_CHILD_SUBREAPER), so a process that double-forks
+# and calls setsid is re-parented to it and stays its descendant; those and any process still carrying the job's
+# launch token (workers orphaned by an agent that was killed) get SIGTERM, then (frozen with SIGSTOP first, so none
+# forks away) SIGKILL, so a dead agent never leaves ranks hanging at a collective and nothing of the job outlives it.
 import json, os, signal, sys, time
+
+PR_SET_CHILD_SUBREAPER = 36
 
 TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
 
@@ -72,6 +76,84 @@ def leftovers(token, me, since):
     return out
 
 
+def become_subreaper():
+    """Make this process the child subreaper of everything below it; False where prctl is not reachable."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def descendants(me, since):
+    """(pid, start_ticks) of every live process below ``me`` (started no earlier than ``since``)."""
+    kids, stats = {}, {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = stat(int(name))
+            if st is not None:
+                stats[int(name)] = st
+                kids.setdefault(st["ppid"], []).append(int(name))
+    out, todo = [], [me]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            st = stats[c]
+            if c != me and st["start_ticks"] >= since:
+                todo.append(c)
+                if st["state"] not in ("Z", "X"):
+                    out.append((c, st["start_ticks"]))
+    return out
+
+
+def reap():
+    """Collect every exited child (orphans re-parented to this subreaper included) without blocking."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+
+
+def end_job(token, me, since, grace):
+    """End what the job left: descendants (kept by the subreaper) and processes carrying its token. SIGTERM, up to
+    ``grace`` seconds, then SIGSTOP rounds until no new process appears, then SIGKILL."""
+    def left():
+        found = dict(descendants(me, since))
+        found.update(leftovers(token, me, since))
+        return sorted(found.items())
+
+    procs = left()
+    if not procs:
+        return
+    for pid, ticks in procs:
+        kill_if_same(pid, ticks, signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and procs:
+        time.sleep(0.1)
+        reap()
+        procs = left()
+    for _ in range(20):
+        frozen = {}
+        for _ in range(20):
+            new = [(p, t) for p, t in left() if p not in frozen]
+            if not new:
+                break
+            for pid, ticks in new:
+                kill_if_same(pid, ticks, signal.SIGSTOP)
+                frozen[pid] = ticks
+        if not frozen:
+            break
+        for pid, ticks in frozen.items():
+            kill_if_same(pid, ticks, signal.SIGKILL)
+        time.sleep(0.05)
+        reap()
+
+
 def kill_if_same(pid, ticks, sig):
     st = stat(pid)
     if st is not None and st["start_ticks"] == ticks:
@@ -89,6 +171,7 @@ def main():
         pass  # already a session leader (started with start_new_session)
     me = os.getpid()
     my_ticks = stat(me)["start_ticks"]
+    subreaper = become_subreaper()
     env = dict(os.environ)
     for path in spec.get("env_files", []):
         env.update(env_file(path))
@@ -130,7 +213,8 @@ def main():
             break
         time.sleep(0.005)
     write_json(spec["pid_file"], {"pid": me, "pgid": os.getpgid(0), "sid": os.getsid(0), "start_ticks": my_ticks,
-                                  "child_pid": child, "child_start_ticks": child_ticks, "token": spec["token"]})
+                                  "child_pid": child, "child_start_ticks": child_ticks, "token": spec["token"],
+                                  "subreaper": subreaper})
     stopping = []
 
     def forward(signum, _frame):
@@ -144,13 +228,15 @@ def main():
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     while True:
+        # Any child: orphans re-parented to this subreaper are collected as they exit, torchrun ends the wait.
         try:
-            _, status = os.waitpid(child, 0)
-            break
+            pid, status = os.waitpid(-1, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
             status = 255 << 8
+            break
+        if pid == child:
             break
     exec_failed = bool(os.read(r, 1))
     rc = os.waitstatus_to_exitcode(status)
@@ -160,17 +246,9 @@ def main():
     sys.stdout.flush()
     write_json(spec["exit_file"], {"returncode": rc, "ended_at": time.time(), "stopped": bool(stopping),
                                    "exec_failed": exec_failed, "token": spec["token"]})
-    # Workers torchrun left behind (their agent was killed): end them so peers fail fast instead of waiting.
-    grace = float(spec.get("leftover_grace", 5))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        procs = leftovers(spec["token"], me, my_ticks)
-        if not procs:
-            break
-        for pid, ticks in procs:
-            kill_if_same(pid, ticks, sig)
-        deadline = time.time() + grace
-        while time.time() < deadline and leftovers(spec["token"], me, my_ticks):
-            time.sleep(0.1)
+    # Workers torchrun left behind (their agent was killed) and anything else the job started: end them so peers
+    # fail fast instead of waiting and nothing of this launch meets the next one.
+    end_job(spec["token"], me, my_ticks, float(spec.get("leftover_grace", 5)))
     return 0
 
 
