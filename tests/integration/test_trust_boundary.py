@@ -178,7 +178,6 @@ def launch_escaper(cluster, node, marker):
         "nnodes": 1, "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 39556,
         "entrypoint": "/srv/code/escape_entry.py", "args": [marker], "chdir": "/srv/code"})
     assert not res.get("failed"), res
-    assert res.get("cgroup_tracking") == "pass", res
     pids = []
     for _ in range(100):
         pids = escaper_pids(cluster, node, marker)
@@ -188,7 +187,7 @@ def launch_escaper(cluster, node, marker):
     assert len(pids) == 1, "the escaper did not start: %s" % res
     environ = cluster.exec(node, ["cat", f"/proc/{pids[0]}/environ"]).stdout
     assert "TRAINYARD_LAUNCH_ID" not in environ  # it shed the token
-    return pids[0]
+    return res
 
 
 @pytest.mark.parametrize("how", ["stop", "job_reset", "reset.yml"])
@@ -198,7 +197,7 @@ def test_a_double_forked_setsid_escaper_without_the_token_is_gone_after_stop_and
     c.exec(node, ["sh", "-c", "cat > /srv/code/escape_entry.py"], input=ESCAPE_ENTRY)
     c.exec(node, ["sleep", DECOY_ARG], detach=True)  # a host process outside the job: never signalled
     try:
-        launch_escaper(c, node, marker)
+        launched = launch_escaper(c, node, marker)
         if how == "stop":
             res = adhoc(c, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard",
                                                      "state": "stopped", "stop_timeout": 3})
@@ -211,10 +210,10 @@ def test_a_double_forked_setsid_escaper_without_the_token_is_gone_after_stop_and
             r = c.playbook("reset.yml", "-e", "reset_confirm=true", "-e", "reset_container=never")
             assert r.returncode == 0, r.stdout[-3000:]
         assert escaper_pids(c, node, marker) == [], "the escaper survived %s" % how
+        assert launched.get("cgroup_tracking") == "pass", launched  # the container's cgroup was recorded
         assert c.exec(node, ["pgrep", "-fx", f"sleep {DECOY_ARG}"], check=False).stdout.strip()  # the decoy lives
-        if how == "job_reset":
-            adhoc(c, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard", "state": "stopped"})
     finally:
+        adhoc(c, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard", "state": "stopped"})
         for pid in escaper_pids(c, node, marker):
             c.exec(node, ["kill", "-9", str(pid)], check=False)
         for pid in c.exec(node, ["pgrep", "-fx", f"sleep {DECOY_ARG}"], check=False).stdout.split():
