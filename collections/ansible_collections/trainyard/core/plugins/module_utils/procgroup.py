@@ -325,9 +325,9 @@ def find_job(states, proc=PROC, exclude=(), sidecars=True):
 def job_ranks(state, stats, environ_of=None, limit=None):
     """The ranks of the job ``state`` records, from /proc only: the direct children of the torchrun agent the
     launch recorded (``torchrun_pid``, verified by its start time ``torchrun_start_ticks`` when recorded, and as
-    a child of the verified launcher), with integer ``RANK`` and ``LOCAL_RANK`` in their environment; at most
-    ``limit`` (the launch's nproc_per_node), lowest local rank first. Any other process the job starts, whatever
-    its environment, is no rank. Returns [{rank, local_rank, pid, start_ticks, state}] sorted by rank."""
+    a child of the verified launcher), with integer ``RANK`` and ``LOCAL_RANK`` in their environment, one per local
+    rank below ``limit`` (the launch's nproc_per_node). Any other process the job starts, whatever its environment,
+    is no rank. Returns [{rank, local_rank, pid, start_ticks, state}] sorted by rank."""
     if environ_of is None:
         environ_of = read_environ
     if not isinstance(state, dict):
@@ -353,14 +353,14 @@ def job_ranks(state, stats, environ_of=None, limit=None):
             rank, local = int(env["RANK"]), int(env["LOCAL_RANK"])
         except (KeyError, TypeError, ValueError):
             continue
-        if rank < 0 or local < 0:
+        if rank < 0 or local < 0 or (limit is not None and local >= int(limit)):
             continue
         out.append({"rank": rank, "local_rank": local, "pid": st.pid, "start_ticks": st.start_ticks,
                     "state": st.state})
-    out.sort(key=lambda c: (c["local_rank"], c["pid"]))
-    if limit is not None:
-        out = out[:max(0, int(limit))]
-    return sorted(out, key=lambda c: (c["rank"], c["pid"]))
+    one = {}
+    for c in sorted(out, key=lambda c: (c["start_ticks"], c["pid"])):
+        one.setdefault(c["local_rank"], c)  # torchrun starts one worker per local rank
+    return sorted(one.values(), key=lambda c: (c["rank"], c["pid"]))
 
 
 def recorded_alive(state, proc=PROC):
