@@ -173,11 +173,13 @@ def escaper_pids(cluster, node, marker):
 
 
 def launch_escaper(cluster, node, marker):
+    # An earlier test may have left its job running (the janitor's): a fresh start for this one.
+    adhoc(cluster, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard", "state": "stopped"})
     res = adhoc(cluster, node, "torchrun_launch", {
         "job": "train", "state_root": "/var/lib/trainyard", "runtime": "docker", "container": CTR,
         "nnodes": 1, "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 39556,
         "entrypoint": "/srv/code/escape_entry.py", "args": [marker], "chdir": "/srv/code"})
-    assert not res.get("failed"), res
+    assert not res.get("failed"), (res.get("msg"), res.get("log_tail"))
     pids = []
     for _ in range(100):
         pids = escaper_pids(cluster, node, marker)
