@@ -293,6 +293,7 @@ def test_find_job_takes_the_containers_cgroup_the_escaper_cannot_shed(tmp_path):
         70: (40, 70, 300, {}, cg2("/docker/" + CID)),                      # escaper: setsid, re-exec'd, no token
         80: (1, 80, 400, {}, cg2("/system.slice/sshd.service")),           # the node's own process
         90: (2, 90, 500, {}, cg2("/docker/" + OTHER)),                     # another container's process
+        55: (50, 55, 150, {}, cg2("/docker/" + CID)),                      # the init's own child, before the launch
     })
     state = {"pid": 60, "start_ticks": 200, "token": tok, "pgid": 60, "container_id": CID,
              "container_init_pid": 50, "container_init_ticks": 100}

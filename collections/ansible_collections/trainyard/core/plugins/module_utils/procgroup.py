@@ -12,7 +12,8 @@ Nothing here finds or kills a process by name. A job is identified by what the l
 
 * the training container's cgroup (runtime docker): the launch records the container's id and its init process
   (PID + start time, from the engine). While that init still runs, every process whose ``/proc/PID/cgroup`` names
-  the container is the job's, except the init itself. The job cannot leave its cgroup (the container's cgroup
+  the container and started no earlier than the launcher is the job's, except the init itself (so what the
+  container's own command started before the launch is not). The job cannot leave its cgroup (the container's cgroup
   tree is read-only to it), so a process that double-forks, calls ``setsid`` and re-execs without the token is
   still found.
 
@@ -187,10 +188,11 @@ def container_record(state):
     return cid, pid, ticks
 
 
-def container_members(record, stats, cgroup_of=None):
+def container_members(record, stats, cgroup_of=None, since=None):
     """The processes of ``stats`` inside the recorded container while its recorded init still runs (same PID and
-    start time), the init excluded. A container restarted since (a new init) has none: its processes then are
-    not the recorded job's."""
+    start time), the init excluded, started no earlier than ``since`` (the launcher's start: what the container's
+    own command started before the launch is not the job's). A container restarted since (a new init) has none:
+    its processes then are not the recorded job's."""
     if record is None:
         return []
     if cgroup_of is None:
@@ -202,8 +204,9 @@ def container_members(record, stats, cgroup_of=None):
         return []
     if not in_container_cgroup(cgroup_of(init_pid), cid):
         return []  # the init is not where the record says: trust neither
+    floor = max(init_ticks, since if isinstance(since, int) and not isinstance(since, bool) else init_ticks)
     return [st for st in stats if st.pid != init_pid and st.state not in ("Z", "X", "x")
-            and st.start_ticks >= init_ticks and in_container_cgroup(cgroup_of(st.pid), cid)]
+            and st.start_ticks >= floor and in_container_cgroup(cgroup_of(st.pid), cid)]
 
 
 def all_stats(proc=PROC):
@@ -285,7 +288,7 @@ def recorded_job(state, stats, environ_of=None, cgroup_of=None, sidecars=True):
         return []
     by_pid = {st.pid: st for st in stats}
     chosen = {}
-    for st in container_members(container_record(state), stats, cgroup_of):
+    for st in container_members(container_record(state), stats, cgroup_of, state.get("start_ticks")):
         chosen[st.pid] = st
     entries = [state] + ([sc for sc in state.get("sidecars") or [] if isinstance(sc, dict)] if sidecars else [])
     for entry in entries:
