@@ -122,7 +122,7 @@ options:
   secrets_dir:
     description: Directory of the secret files for I(secret_env_mode=file); default C(secrets/) beside I(secret_env_file).
       Its parent must exist (the launch role's host-only 0700 directory on the /run tmpfs). A start without secret
-      files and a stop empty it (it stays: the container mounts it).
+      files and a stop empty it (it stays, as the container mounts it).
     type: path
   secrets_uid:
     description: Owner (uid; the gid is the same) of the secret files, the uid the job runs as.
@@ -269,6 +269,20 @@ RETURN = r"""
 state:
   description: Job state on this node after the task (running, finished, failed, stopped, absent).
   returned: always
+  type: str
+cgroup_tracking:
+  description: "Runtime docker: C(pass) when the training container's id and init were recorded, so stop and reset
+    find every process in its cgroup; C(skip: <why>) when not (a warning too)."
+  returned: on a start with runtime docker
+  type: str
+secrets_dir:
+  description: The directory of the job's secret files (I(secret_env_mode=file)); names only inside, never a value here.
+  returned: on a start with secret_env_mode=file and secrets
+  type: str
+secrets_mount:
+  description: "Runtime docker with I(secret_env_mode=file): C(pass) when the container mounts I(secrets_dir)
+    read-only; C(skip: ...) in check mode."
+  returned: on a start with secret_env_mode=file, runtime docker and secrets
   type: str
 pid:
   description: PID of the job's session leader (the launcher; torchrun is its child).
@@ -699,6 +713,10 @@ class Launch(object):
         """secret_env_mode=file with runtime docker: the container must mount the secrets directory (read-only, same
         path); checked before anything is started or stopped."""
         want = self.secrets_dir()
+        if self.m.check_mode:
+            # The container role of the same run may (re)create the container with the mount: nothing to judge yet.
+            self.result["secrets_mount"] = "skip: not checked in check mode"
+            return
         rc, out, err = self.m.run_command([self.p["docker"], "inspect", "--format", "{{json .Mounts}}",
                                            self.p["container"]])
         try:
@@ -715,6 +733,7 @@ class Launch(object):
                     self.m.fail_json(msg="secret_env_mode=file: container %s mounts %s read-write; mount it "
                                          "read-only (container_mounts_extra: [{source: %s, read_only: true}])"
                                          % (self.p["container"], want, want), **self.result)
+                self.result["secrets_mount"] = "pass"
                 return
         self.m.fail_json(msg="secret_env_mode=file: container %s does not mount %s, so the job cannot read its "
                              "secrets; add container_mounts_extra: [{source: %s, read_only: true}] and rerun site.yml "
