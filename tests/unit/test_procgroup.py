@@ -404,3 +404,28 @@ def test_stop_and_reset_find_a_double_forked_setsid_escaper_by_the_same_rule(tmp
         if st is not None:
             pg.signal_process(st.pid, st.start_ticks, signal.SIGKILL)
         pg.signal_process(pid, ticks, signal.SIGKILL)
+
+
+def test_launcher_ends_an_escaper_without_the_token_when_the_job_ends(tmp_path):
+    """The agent leaves a double-forked, setsid, re-exec'd escaper (no token, SIGTERM ignored) and exits 0: the
+    launcher, its subreaper, ends it before it exits itself (SIGTERM, the grace, SIGSTOP, SIGKILL)."""
+    marker = "escaper-%s" % uuid.uuid4().hex
+    agent = ESCAPER_AGENT[:ESCAPER_AGENT.rindex("time.sleep(300)")] + "time.sleep(0.5)\n"  # the agent ends soon
+    pid, ticks, token = run_launcher(tmp_path, [sys.executable, "-c", agent, marker])
+
+    def escaper():
+        for st in pg.all_stats():
+            argv = pg.read_cmdline(st.pid)
+            if argv[-1:] == [marker] and argv[2:3] and argv[2].startswith("import signal"):
+                return st
+        return None
+
+    try:
+        assert wait_for(escaper)
+        ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
+        assert ex["returncode"] == 0
+        assert wait_for(lambda: escaper() is None and not pg.is_alive(pid, ticks), timeout=15)
+    finally:
+        st = escaper()
+        if st is not None:
+            pg.signal_process(st.pid, st.start_ticks, signal.SIGKILL)
