@@ -18,6 +18,9 @@ description:
     with C(enforce_mode) sets the mode of an existing directory."
   - Writes each file whose content or mode differs, atomically (a temporary file in the same directory, then a
     rename); a file that already holds the content is left alone.
+  - "Every path is handled through module_utils/jobtree.py: directories relative to descriptors, modes set with
+    fchmod on the new directory's descriptor, files written O_EXCL|O_NOFOLLOW and renamed relative to their
+    directory, a symlink or FIFO planted where a file belongs replaced without being read (docs/security.md)."
   - Returns, per file, whether it changed, its sha256 and size, and with I(return_content) its bytes (base64, as
     C(ansible.builtin.slurp) returns them), so no read-back task is needed.
   - Supports check mode (nothing is written; the result says what would change, the content returned is what is
@@ -53,7 +56,24 @@ options:
     default: false
   refuse: {description: "Reasons not to touch the node: given, the module fails with them (one a line) before anything.", type: list, elements: str, default: []}
   glob: {description: "Patterns (C(/sys/class/net/*)) whose matches are returned: read-only probes in the same call.", type: list, elements: str, default: []}
-  read: {description: Patterns of small files (1 MiB at most) read back after the writes., type: list, elements: str, default: []}
+  read:
+    description:
+      - Patterns of small files (1 MiB at most) read back after the writes.
+      - Regular files only; a FIFO, device node, socket or symlink is never opened (listed in C(read_skipped)).
+    type: list
+    elements: str
+    default: []
+  roots:
+    description:
+      - "Trees the training job can write (the container's writable mount sources: output root, code directory,
+        C(job-rw)). A root is opened as the host made it; every component below it is opened relative to a
+        directory descriptor without following any link, so a directory the job swaps for a symlink is refused,
+        never followed."
+      - A path outside every root is opened from its parent directory (the host's own, resolved); its last
+        component is never followed either. Paths with C(..) are refused.
+    type: list
+    elements: path
+    default: []
 author: trainyard
 """
 
@@ -94,6 +114,7 @@ links:
   elements: dict
 globbed: {description: "C({pattern: [matches, sorted]}).", returned: always, type: dict}
 read: {description: "C({path: bytes, base64}) of each file matching I(read).", returned: always, type: dict}
+read_skipped: {description: "C({path: why}) of each match of I(read) not read (not a regular file, too large, gone).", returned: always, type: dict}
 """
 
 import base64
@@ -101,9 +122,12 @@ import glob
 import hashlib
 import os
 import stat
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
+
+# A file read back (option read) or read before it is replaced (its diff and check-mode content): small files only.
+READ_MAX_BYTES = 1 << 20
 
 
 def parse_mode(value, default, what):
@@ -119,84 +143,178 @@ def parse_mode(value, default, what):
     return mode
 
 
-def read_bytes(path):
+def _deepest_existing(path):
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def anchor(path, roots=(), is_file=False):
+    """(trusted directory, [components below it]) of an absolute path. Below the outermost of roots that holds it
+    (a tree the job can write), the root is opened as the host made it and every component below it is walked
+    without following links. Elsewhere the path's parent is the host's (resolved); its last component is never
+    followed. A missing trusted directory moves up to its deepest existing ancestor."""
+    parts = path.split("/")
+    if ".." in parts:
+        raise ValueError("%s: '..' in a path (spell it without: a symlinked component makes it mean elsewhere)" % path)
+    path = os.path.normpath(path)
+    base = os.path.dirname(path)
+    for r in sorted((os.path.normpath(str(r)) for r in roots), key=len):
+        if path == r or path.startswith(r.rstrip("/") + "/"):
+            base = r if path != r or not is_file else os.path.dirname(r)
+            break
+    trusted = _deepest_existing(base)
+    rel = os.path.relpath(path, trusted)
+    return os.path.realpath(trusted), [] if rel == "." else rel.split("/")
+
+
+class Tree(object):
+    """Descriptors of trusted directories, opened once per call."""
+
+    def __init__(self, roots):
+        self.roots, self.fds = [str(r) for r in roots], {}
+
+    def locate(self, path, is_file=False):
+        """(descriptor of the trusted directory, components below it, the trusted directory's path)."""
+        trusted, parts = anchor(path, self.roots, is_file)
+        if trusted not in self.fds:
+            self.fds[trusted] = jt.open_root(trusted)
+        return self.fds[trusted], parts, trusted
+
+    def open_parent(self, path):
+        """(descriptor of path's directory, name) or (None, name) when that directory does not exist."""
+        fd, parts, _ = self.locate(path, is_file=True)
+        try:
+            return jt.open_dir(fd, "/".join(parts[:-1])), parts[-1]
+        except FileNotFoundError:
+            return None, parts[-1]
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+def ensure_dir(tree, path, mode, check, enforce_mode=False):
+    """(changed, created, mode_kept) for one directory. A missing directory is created with mode (0755 when None),
+    missing parents 0755; the mode is set with fchmod on the new directory's descriptor. An existing one is never
+    changed (mode or owner): it may be a system or shared directory the job does not own; its mode is reported as
+    mode_kept when it differs. Only enforce_mode sets the mode of an existing directory."""
+    root_fd, parts, here = tree.locate(path)
+    fd = os.dup(root_fd)
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
+        for i, name in enumerate(parts):
+            here = os.path.join(here, name)
+            st = jt.stat_at(fd, name)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                raise OSError("%s exists and is not a directory but a symbolic link, never followed here: give the "
+                              "resolved path, or list it in roots if the host made the link (a root is opened as "
+                              "the host made it)" % here)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                raise OSError("%s exists and is not a directory (%s)" % (here, jt.kind_of(st)))
+            if st is None and check:
+                return True, True, None
+            if st is None:
+                last = i == len(parts) - 1
+                nfd, created = jt.mkdir(fd, name, 0o755 if mode is None or not last else mode)
+            else:
+                nfd, created = jt.open_dir(fd, name), False
+            os.close(fd)
+            fd = nfd
+            if created and i == len(parts) - 1:
+                return True, True, None
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode is None or current == mode:
+            return False, False, None
+        if enforce_mode:
+            if not check:
+                os.fchmod(fd, mode)
+            return True, False, None
+        return False, False, "%04o" % current
+    finally:
+        os.close(fd)
 
 
-def ensure_dir(path, mode, check, enforce_mode=False):
-    """(changed, created, mode_kept) for one directory. A missing directory is created with mode (0755 when None).
-    An existing one is never changed (mode or owner): it may be a system or shared directory the job does not own;
-    its mode is reported as mode_kept when it differs. Only enforce_mode sets the mode of an existing directory."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise OSError("%s exists and is not a directory" % path)
-    if not os.path.isdir(path):
-        if not check:
-            os.makedirs(path, 0o755 if mode is None else mode)
-            os.chmod(path, 0o755 if mode is None else mode)
-        return True, True, None
-    current = stat.S_IMODE(os.stat(path).st_mode)
-    if mode is None or current == mode:
-        return False, False, None
-    if enforce_mode:
-        if not check:
-            os.chmod(path, mode)
-        return True, False, None
-    return False, False, "%04o" % current
-
-
-def write_file(path, data, mode, check):
-    """(changed, before) for one file; writes atomically unless check."""
-    if os.path.isdir(path):
-        raise OSError("%s is a directory" % path)
-    before = read_bytes(path)
-    same_content = before == data
-    same_mode = before is not None and stat.S_IMODE(os.stat(path).st_mode) == mode
-    if same_content and same_mode:
-        return False, before
-    if check:
-        return True, before
-    if same_content:
-        os.chmod(path, mode)
-        return True, before
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+def read_existing(dfd, name, cap):
+    """The bytes of a regular file (at most cap), None when absent or not a regular file (never opened then)."""
+    st = None if dfd is None else jt.stat_at(dfd, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OSError("%s is a directory" % name)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None, st
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return True, before
+        return jt.read_bytes(dfd, name, cap), st
+    except (jt.TreeError, FileNotFoundError):
+        return None, None
 
 
-def ensure_link(path, target, check):
-    """Whether the symlink at path was (or would be) made to point at target; atomic replace."""
-    if os.path.islink(path):
-        if os.readlink(path) == target:
+def write_file(tree, path, data, mode, check):
+    """(changed, before) for one file; written atomically relative to its directory's descriptor unless check.
+    A symlink, FIFO or device planted at path is replaced, never read or written through."""
+    dfd, name = tree.open_parent(path)
+    try:
+        try:
+            before, st = read_existing(dfd, name, READ_MAX_BYTES + len(data))
+        except OSError:
+            raise OSError("%s is a directory" % path)
+        same = before == data and stat.S_IMODE(st.st_mode) == mode
+        if same:
+            return False, before
+        if check:
+            return True, before
+        if dfd is None:
+            raise FileNotFoundError(path)
+        jt.write_file(dfd, name, data, mode)
+        return True, before
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+
+
+def ensure_link(tree, path, target, check):
+    """Whether the symlink at path was (or would be) made to point at target; atomic replace, relative to its
+    directory's descriptor."""
+    dfd, name = tree.open_parent(path)
+    if dfd is None:
+        raise FileNotFoundError("the directory of %s does not exist" % path)
+    try:
+        st = jt.stat_at(dfd, name)
+        if st is not None and not stat.S_ISLNK(st.st_mode):
+            raise OSError("%s exists and is not a symbolic link" % path)
+        if st is not None and os.readlink(name, dir_fd=dfd) == target:
             return False
-    elif os.path.lexists(path):
-        raise OSError("%s exists and is not a symbolic link" % path)
-    if check:
+        if check:
+            return True
+        tmp = ".%s.trainyard-%s" % (name[:200], os.urandom(6).hex())
+        os.symlink(target, tmp, dir_fd=dfd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
         return True
-    tmp = os.path.join(os.path.dirname(path), ".%s.%d.tmp" % (os.path.basename(path), os.getpid()))
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(target, tmp)
+    finally:
+        os.close(dfd)
+
+
+def read_small(tree, path):
+    """(bytes, None) of a regular file of READ_MAX_BYTES at most, else (None, why): a FIFO, device node, socket or
+    symlink is never opened."""
     try:
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return True
+        dfd, name = tree.open_parent(path)
+    except (OSError, ValueError) as e:
+        return None, str(e)
+    if dfd is None:
+        return None, "gone"
+    try:
+        data = jt.read_bytes(dfd, name, READ_MAX_BYTES + 1)
+    except OSError as e:
+        return None, e.strerror or str(e)
+    finally:
+        os.close(dfd)
+    if len(data) > READ_MAX_BYTES:
+        return None, "over %d bytes" % READ_MAX_BYTES
+    return data, None
 
 
 def main():
@@ -209,13 +327,18 @@ def main():
             refuse=dict(type="list", elements="str", default=[]),
             glob=dict(type="list", elements="str", default=[]),
             read=dict(type="list", elements="str", default=[]),
+            roots=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
     check = module.check_mode
-    result = dict(changed=False, directories=[], files=[], links=[], globbed={}, read={})
+    result = dict(changed=False, directories=[], files=[], links=[], globbed={}, read={}, read_skipped={})
     if module.params["refuse"]:
         module.fail_json(msg="\n".join(module.params["refuse"]), **result)
+    for i, r in enumerate(module.params["roots"]):
+        if not os.path.isabs(r):
+            module.fail_json(msg="roots[%d]: %r is not an absolute path" % (i, r), **result)
+    tree = Tree(module.params["roots"])
     diffs = []
     try:
         for i, d in enumerate(module.params["directories"]):
@@ -223,7 +346,7 @@ def main():
             if not path or not os.path.isabs(str(path)):
                 module.fail_json(msg="directories[%d]: path must be an absolute path, got %r" % (i, path), **result)
             mode = parse_mode(d.get("mode"), None, "directories[%d] (%s)" % (i, path))
-            changed, created, kept = ensure_dir(str(path), mode, check, bool(d.get("enforce_mode")))
+            changed, created, kept = ensure_dir(tree, str(path), mode, check, bool(d.get("enforce_mode")))
             entry = dict(path=str(path), changed=changed, created=created)
             if kept:
                 entry["mode_kept"] = kept
@@ -238,10 +361,11 @@ def main():
                 module.fail_json(msg="files[%d] (%s): content must be text" % (i, path), **result)
             data = f["content"].encode("utf-8")
             mode = parse_mode(f.get("mode"), 0o644, "files[%d] (%s)" % (i, path))
-            if not check and not os.path.isdir(os.path.dirname(path)):
+            try:
+                changed, before = write_file(tree, path, data, mode, check)
+            except FileNotFoundError:
                 module.fail_json(msg="files[%d]: the directory of %s does not exist: list it in directories"
                                      % (i, path), **result)
-            changed, before = write_file(path, data, mode, check)
             on_disk = before if check else data
             entry = dict(path=path, changed=changed)
             if on_disk is not None:
@@ -260,18 +384,21 @@ def main():
                 module.fail_json(msg="links[%d]: path must be an absolute path, got %r" % (i, path), **result)
             if not target:
                 module.fail_json(msg="links[%d] (%s): target is empty" % (i, path), **result)
-            changed = ensure_link(str(path), str(target), check)
+            changed = ensure_link(tree, str(path), str(target), check)
             result["links"].append(dict(path=str(path), changed=changed))
             result["changed"] |= changed
         result["globbed"] = {p: sorted(glob.glob(p)) for p in module.params["glob"]}
         for path in sorted({f for p in module.params["read"] for f in glob.glob(p)}):
-            # A regular file only, its last component not followed (what it reads is a node's own state).
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= 1 << 20:
-                with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
-                    result["read"][path] = base64.b64encode(f.read()).decode("ascii")
+            # A regular file only, found without following links below a root and never opened otherwise.
+            data, why = read_small(tree, path)
+            if data is None:
+                result["read_skipped"][path] = why
+            else:
+                result["read"][path] = base64.b64encode(data).decode("ascii")
     except (OSError, ValueError) as e:
         module.fail_json(msg=str(e), **result)
+    finally:
+        tree.close()
     if diffs:
         result["diff"] = diffs
     module.exit_json(**result)

@@ -121,12 +121,11 @@ import fnmatch
 import json
 import os
 import re
-import shutil
 import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.trainyard.core.plugins.module_utils import checkpoints as ck
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
@@ -386,11 +385,15 @@ class Reset(object):
             return min(times)
         logs = [s.get("log") for s in states if s.get("log")] + [os.path.join(self.dir, "torchrun.log")]
         for log in logs:
-            try:
-                with open(log, "rb") as f:
-                    t = started_from_log(f.read(4 * 1024 * 1024).decode("utf-8", "replace"))
-            except (IOError, OSError):
+            try:  # job-rw/torchrun.log: the job's; a regular file only, never a FIFO or device it planted
+                fd = jt.open_root(os.path.dirname(log) or ".")
+                try:
+                    head = jt.read_bytes(fd, os.path.basename(log), 4 * 1024 * 1024)
+                finally:
+                    os.close(fd)
+            except (IOError, OSError, ValueError):
                 continue
+            t = started_from_log(head.decode("utf-8", "replace"))
             if t is not None:
                 return t
         return None
@@ -452,18 +455,18 @@ class Reset(object):
                 add(path, 0, "unix socket %s" % path)
         return out
 
-    def remove(self, entry):
-        path = entry["path"]
+    @staticmethod
+    def remove(entry):
+        """Bytes removed with one leftover (a top-level entry of /dev/shm or /tmp): unlinkat/rmdir relative to
+        descriptors (module_utils/jobtree.py), so a directory the job swaps for a symlink (to a FIFO, to a host
+        directory) is removed as a link, and nothing found is ever opened but a directory. Over the layer's caps
+        (entries, depth) a TreeError: reported, what was removed so far stays removed."""
+        parent, name = os.path.split(entry["path"])
+        fd = jt.open_root(parent)  # /dev/shm, /tmp: the host's own
         try:
-            st = os.lstat(path)
-        except OSError:
-            return 0
-        if stat.S_ISDIR(st.st_mode):
-            size = ck.tree_bytes(path)
-            shutil.rmtree(path)  # rmtree never follows symlinks inside the tree
-            return size
-        os.unlink(path)
-        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+            return jt.remove_tree(fd, name)["bytes"]
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ port
     def port_holders(self, port, ours):

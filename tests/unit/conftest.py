@@ -41,3 +41,41 @@ def adhoc(module: str, args: dict, *flags: str) -> dict:
     # The JSON document sits between the project's profile callback's timing lines.
     out, _ = json.JSONDecoder().raw_decode(p.stdout[p.stdout.index("{"):])
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+class SymlinkSwapper:
+    """The job's race against host code, as a context manager: in a thread, the directory at path is moved aside
+    and a symlink to target put in its place, then both undone, in a tight loop (the window between a host's
+    mkdir and its chmod, or between a check and an open)."""
+
+    def __init__(self, path, target):
+        import threading
+        from pathlib import Path
+
+        self.path, self.target = Path(path), Path(target)
+        self.aside = self.path.with_name(self.path.name + ".aside")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        import os
+
+        while not self.stop.is_set():
+            try:
+                os.rename(self.path, self.aside)
+                os.symlink(self.target, self.path)
+            except OSError:
+                pass
+            for undo in (lambda: os.unlink(self.path), lambda: os.rmdir(self.aside)):
+                try:
+                    undo()
+                except OSError:
+                    pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)

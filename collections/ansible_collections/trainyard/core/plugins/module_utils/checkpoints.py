@@ -66,6 +66,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+try:
+    from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
+except ImportError:  # run as the janitor script: the janitor role ships jobtree.py beside it
+    import jobtree as jt
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 DEFAULT_MARKERS = ("trainer_state.json",)
 COMPLETION_MODES = ("marker", "marker_or_superseded")
@@ -145,8 +150,7 @@ class Plan:
                 "total_bytes": self.total_bytes}
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_DIR_FLAGS = jt.DIR_FLAGS
 
 # A trainer state is bounded (a torn or hostile file must not exhaust the node), but far beyond any real run:
 # HF Trainer logs about 250 bytes per logged step, so 2 GiB is some eight million logged steps.
@@ -191,7 +195,7 @@ def _skip_value(buf, i: int) -> int:
 
 
 def parse_trainer_state(buf, keys=TRAINER_STATE_KEYS) -> dict:
-    """The top-level ``keys`` of a trainer state (bytes-like: bytes or an mmap), checking the whole document is
+    """The top-level ``keys`` of a trainer state (bytes-like), checking the whole document is
     one complete JSON object without building it: the log history (the bulk of a long run) is skipped token by
     token, so memory stays small whatever the run's length. Absent keys are None; ValueError when torn."""
     n = len(buf)
@@ -228,6 +232,8 @@ def parse_trainer_state(buf, keys=TRAINER_STATE_KEYS) -> dict:
 
 
 def _read_trainer_state_fd(fd: int, keys=TRAINER_STATE_KEYS) -> dict:
+    """Read into memory with pread (jobtree.read_buffer), never mapped: the job truncating the file during the
+    parse gives a torn document (ValueError), not SIGBUS."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise ValueError("not a regular file")
@@ -236,19 +242,21 @@ def _read_trainer_state_fd(fd: int, keys=TRAINER_STATE_KEYS) -> dict:
                                                                                    TRAINER_STATE_MAX_BYTES))
     if st.st_size == 0:
         raise ValueError("empty")
-    import mmap
-    with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as buf:
-        return parse_trainer_state(buf, keys)
-
-
-def _open_file_at(dir_fd: int, name: str) -> int:
-    return os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    buf = jt.read_buffer(fd, st.st_size)
+    if len(buf) != st.st_size:
+        raise ValueError("changed while it was read (%d of %d bytes)" % (len(buf), st.st_size))
+    return parse_trainer_state(buf, keys)
 
 
 def read_trainer_state(path: str, keys=TRAINER_STATE_KEYS) -> dict:
     """``{key: value}`` of a trainer_state.json of any realistic size (see parse_trainer_state); never through a
-    symlink. ValueError when the file is torn, not an object or too large; OSError when it cannot be opened."""
-    fd = os.open(path, _FILE_FLAGS)
+    symlink, never a FIFO or device (jobtree.open_file). ValueError when the file is torn, not an object or too
+    large; OSError when it cannot be opened."""
+    dfd = jt.open_root(os.path.dirname(path) or ".")
+    try:
+        fd = jt.open_file(dfd, os.path.basename(path))
+    finally:
+        os.close(dfd)
     try:
         return _read_trainer_state_fd(fd, keys)
     finally:
@@ -258,7 +266,7 @@ def read_trainer_state(path: str, keys=TRAINER_STATE_KEYS) -> dict:
 def _has_marker_at(dir_fd: int, markers=DEFAULT_MARKERS) -> bool:
     for m in markers:
         try:
-            fd = _open_file_at(dir_fd, m)
+            fd = jt.open_file(dir_fd, m)
         except OSError:
             return False
         try:
@@ -277,7 +285,7 @@ def has_marker(ckpt_dir: str, markers=DEFAULT_MARKERS) -> bool:
     """True when every marker is a regular file in ckpt_dir; a ``.json`` marker must also be one whole JSON
     object (a torn write is not a marker), of any realistic size."""
     try:
-        fd = os.open(ckpt_dir, _DIR_FLAGS)
+        fd = jt.open_root(ckpt_dir)
     except OSError:
         return False
     try:
@@ -349,7 +357,7 @@ def _find_checkpoints_fd(root_fd: int, rroot: str, max_depth: int) -> list[Check
 
 
 def _open_root(rroot: str) -> int:
-    return os.open(rroot, _DIR_FLAGS)
+    return jt.open_root(rroot)
 
 
 def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
@@ -364,16 +372,14 @@ def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
         os.close(fd)
 
 
-def tree_bytes(path: str) -> int:
-    """Bytes of the files below path (links counted as links, never followed; what vanishes is not counted)."""
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for n in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                pass
-    return total
+def tree_bytes(path: str, max_entries: int = 10_000_000) -> int:
+    """Apparent bytes of the regular files below path (jobtree.walk: links never followed; what vanishes is not
+    counted)."""
+    fd = jt.open_root(path)
+    try:
+        return jt.tree_usage(fd, ".", max_entries=max_entries)[1]
+    finally:
+        os.close(fd)
 
 
 def _groups(ckpts: list[Checkpoint]) -> dict[str, list[Checkpoint]]:
@@ -428,43 +434,17 @@ DEEPSPEED_TAG_RE = re.compile(r"global_step\d+")
 
 def write_file_at(dir_fd: int, name: str, data, mode: int = 0o644, owner_of_dir: bool = True,
                   owner: tuple[int, int] | None = None) -> None:
-    """Atomically put ``name`` in the directory dir_fd holds: a fresh temporary file (O_CREAT|O_EXCL|O_NOFOLLOW,
-    mode 0600 while it is written, so a planted file or symlink is never written through), then renameat over
-    ``name`` (a symlink there is replaced, not followed). ``data`` is bytes or a binary file object (copied in
-    chunks). The file gets ``owner`` (uid, gid), else with owner_of_dir the directory's owner (so the job can
-    rewrite it), as root only."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = ".%s.trainyard-%s" % (name, os.urandom(6).hex())
-        try:
-            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
+    """Atomically put ``name`` in the directory dir_fd holds (jobtree.write_file: a fresh O_EXCL|O_NOFOLLOW
+    temporary file, 0600 while written, then renameat; a planted file or symlink is never written through).
+    ``data`` is bytes or a binary file object (copied in chunks). The file gets ``owner`` (uid, gid), else with
+    owner_of_dir the directory's owner (so the job can rewrite it), as root only."""
+    if os.geteuid() == 0 and (owner is not None or owner_of_dir):
+        if owner is None:
+            d = os.fstat(dir_fd)
+            owner = (d.st_uid, d.st_gid)
     else:
-        raise OSError(errno.EEXIST, "no free temporary name", name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if isinstance(data, (bytes, bytearray)):
-                out.write(data)
-            else:
-                for chunk in iter(lambda: data.read(1 << 20), b""):
-                    out.write(chunk)
-            out.flush()
-            os.fchmod(out.fileno(), mode)
-            if os.geteuid() == 0 and (owner is not None or owner_of_dir):
-                if owner is None:
-                    d = os.fstat(dir_fd)
-                    owner = (d.st_uid, d.st_gid)
-                os.fchown(out.fileno(), *owner)
-            os.fsync(out.fileno())
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
+        owner = (None, None)
+    jt.write_file(dir_fd, name, data, mode, *owner)
 
 
 def ensure_deepspeed_latest(checkpoint: str) -> str | None:
@@ -479,7 +459,7 @@ def ensure_deepspeed_latest(checkpoint: str) -> str | None:
     (write_file_at), so nothing the job plants redirects the write.
     """
     try:
-        dfd = os.open(checkpoint, _DIR_FLAGS)
+        dfd = jt.open_root(checkpoint)
     except OSError:
         return None
     try:
@@ -503,7 +483,7 @@ def ensure_deepspeed_latest(checkpoint: str) -> str | None:
 
 def _best_model_name_at(dir_fd: int) -> str | None:
     try:
-        fd = _open_file_at(dir_fd, "trainer_state.json")
+        fd = jt.open_file(dir_fd, "trainer_state.json")
     except OSError:
         return None
     try:

@@ -22,10 +22,9 @@ import json
 import os
 import re
 import shlex
-import stat as _stat
 import time
 
-stat_is_regular = _stat.S_ISREG
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 
 STATE_FILE = "launch.json"
 PID_FILE = "launch.pid.json"
@@ -369,35 +368,31 @@ def read_n(fd, n):
 
 
 def read_untrusted(path, limit=RECORD_MAX_BYTES, tail=False):
-    """Bytes of a file the job can write: never through a symlink, only a regular file, at most ``limit`` bytes
-    (the last ones with tail). b"" when absent or refused."""
+    """Bytes of a file the job can write (module_utils/jobtree.py): never through a symlink, a regular file only
+    (a FIFO or device node is never opened), at most ``limit`` bytes (the last ones with tail). b"" when absent or
+    refused."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        dfd = jt.open_root(os.path.dirname(path) or ".")
     except OSError:
         return b""
     try:
-        st = os.fstat(fd)
-        if not stat_is_regular(st.st_mode):
-            return b""
-        if tail and st.st_size > limit:
-            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
-        return read_n(fd, limit)
-    except OSError:
+        return jt.read_bytes(dfd, os.path.basename(path), limit, tail)
+    except (OSError, ValueError):
         return b""
     finally:
-        os.close(fd)
+        os.close(dfd)
 
 
 def read_untrusted_json(path, limit=RECORD_MAX_BYTES):
-    """A small JSON object from the job-writable directory; None when absent, too large, torn or not an object."""
+    """A small JSON object from the job-writable directory; None when absent, too large, torn, too deep, with
+    NaN/Infinity or not an object (jobtree.loads_bounded)."""
     data = read_untrusted(path, limit + 1)
     if not data or len(data) > limit:
         return None
     try:
-        obj = json.loads(data.decode("utf-8"))
+        return jt.loads_bounded(data, expect=dict)
     except ValueError:
         return None
-    return obj if isinstance(obj, dict) else None
 
 
 def rotated_names(log, keep=LOG_KEEP):
