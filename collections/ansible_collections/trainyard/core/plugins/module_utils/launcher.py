@@ -8,7 +8,7 @@
 # and calls setsid is re-parented to it and stays its descendant; those and any process still carrying the job's
 # launch token (workers orphaned by an agent that was killed) get SIGTERM, then (frozen with SIGSTOP first, so none
 # forks away) SIGKILL, so a dead agent never leaves ranks hanging at a collective and nothing of the job outlives it.
-import json, os, signal, sys, time
+import json, os, signal, stat as stat_mod, sys, time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -26,9 +26,33 @@ def stat(pid):
             "start_ticks": int(rest[19])}
 
 
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+READ_CAP = 16 * 1024 * 1024
+
+
+def read_file(path):
+    """A regular file's text (no link followed, no FIFO or device opened for good: O_NONBLOCK, fstat after the open),
+    at most READ_CAP bytes, newlines as open() in text mode reads them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("%s is not a regular file" % path)
+        chunks, left = [], READ_CAP
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    finally:
+        os.close(fd)
+
+
 def write_json(path, data):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
+    """A fresh temporary file beside path (created exclusively, never through a link), renamed over it."""
+    tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o640), "w") as f:
         json.dump(data, f)
     os.rename(tmp, path)
 
@@ -36,25 +60,23 @@ def write_json(path, data):
 def secret_env(path):
     """KEY=value lines taken literally (the module checked the file: 0600, every line KEY=value)."""
     env = {}
-    with open(path) as f:
-        for line in f.read().split("\n"):
-            k, sep, v = line.rstrip("\r").partition("=")
-            if sep and k and not k.lstrip().startswith("#"):
-                env[k] = v
+    for line in read_file(path).split("\n"):
+        k, sep, v = line.rstrip("\r").partition("=")
+        if sep and k and not k.lstrip().startswith("#"):
+            env[k] = v
     return env
 
 
 def env_file(path):
     env = {}
-    with open(path) as f:
-        for raw in f.read().split("\n"):
-            line = raw.lstrip(" \t")
-            if not line.strip() or line.startswith("#"):
-                continue
-            k, sep, v = line.partition("=")
-            if not sep or not k:
-                continue
-            env[k] = v  # literally, as parse_env_file (which the module ran on this file first) reads it
+    for raw in read_file(path).split("\n"):
+        line = raw.lstrip(" \t")
+        if not line.strip() or line.startswith("#"):
+            continue
+        k, sep, v = line.partition("=")
+        if not sep or not k:
+            continue
+        env[k] = v  # literally, as parse_env_file (which the module ran on this file first) reads it
     return env
 
 
@@ -164,7 +186,7 @@ def kill_if_same(pid, ticks, sig):
 
 
 def main():
-    spec = json.load(open(sys.argv[1]))
+    spec = json.loads(read_file(sys.argv[1]))
     try:
         os.setsid()
     except OSError:
@@ -181,7 +203,8 @@ def main():
     env[TOKEN_ENV] = spec["token"]
     if not spec.get("resume_from"):
         env.pop("TRAINYARD_RESUME_FROM", None)
-    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    # The log is in job-rw (runtime docker) where the job can plant a link: never followed (the launch fails).
+    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o640)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)

@@ -494,13 +494,15 @@ def start_detached(argv, log_path=None, cwd=None, env=None):
     """Start argv in a new session (its own process group) with stdin from /dev/null and output appended to
     log_path (or /dev/null); it outlives the caller. Returns (pid, start_ticks)."""
     # The log may carry the job's command line and output: readable by its owner and group only.
-    out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640), "ab") if log_path \
-        else open(os.devnull, "wb")
+    # A sidecar's log is in the host-only directory; a link there is refused all the same (never followed).
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640) \
+        if log_path else subprocess.DEVNULL
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                              env=env, close_fds=True, start_new_session=True)
     finally:
-        out.close()
+        if log_path:
+            os.close(out)
     ticks = None
     for _ in range(50):
         ticks = start_ticks(p.pid)
