@@ -11,13 +11,15 @@ description:
     through directory fds without following links (none in between either), and C(nvidia-smi -q -x) for
     utilisation, memory, temperature and clock slowdown reasons.
   - "With I(stacks), takes a Python stack dump of every rank of this job on the node, read-only for the job. The ranks
-    are found in /proc, never from a file the job writes: the processes that carry this launch's token
-    (C(TRAINYARD_LAUNCH_ID), from the host-only launch.json) with torchrun's C(RANK) and C(LOCAL_RANK) in their
-    environment. Each is dumped with C(py-spy dump) (I(py_spy), else py-spy on the node's PATH, else in the training
+    are found in /proc, never from a file the job writes: the direct children of the torchrun agent the host-only
+    launch.json records (its PID and start time, a child of the verified launcher) with torchrun's C(RANK) and
+    C(LOCAL_RANK) in their environment, one per local rank below the launch's C(nproc_per_node) (64 for a launch
+    recorded without it); any other process, whatever its environment, is no rank. Each is dumped with C(py-spy dump) (I(py_spy), else py-spy on the node's PATH, else in the training
     container, which needs CAP_SYS_PTRACE; C(--nonblocking) for a stopped rank), else with SIGUSR1 to a rank that
     registered faulthandler for it (C(faulthandler.register(SIGUSR1)), e.g. from a sitecustomize on the job's
-    PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). Each stack is kept in the host-only
-    C(<state_root>/<job>/stacks/rank_<N>.txt) (not in check mode), where collect.yml picks it up."
+    PYTHONPATH); SIGUSR1 is never sent to a rank that did not (it would kill it). Each stack (text the job chooses:
+    capped at 64 KiB, the last part kept) is kept in the host-only C(<state_root>/<job>/stacks/rank_<N>.txt) (not in
+    check mode), where collect.yml picks it up; the result carries its last 20000 characters."
 options:
   container: {description: The training container (py-spy inside it); empty when the job runs on the node., type: str, default: ""}
   stacks: {description: Take every rank's Python stack., type: bool, default: false}
@@ -54,7 +56,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import parse_health_xml
 from ansible_collections.trainyard.core.plugins.module_utils.job_collect import (
-    JobTree, main_call, parse_stacks, rank_processes, read_progress,
+    JobTree, main_call, parse_stacks, read_progress,
 )
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
@@ -134,10 +136,18 @@ def progress_and_stacks(m, p, tree):
     return out
 
 
-def find_ranks(token):
-    """This job's ranks on the node from /proc: processes carrying the launch token (procgroup), workers only."""
-    procs = pg.job_processes(None, None, token)
-    return rank_processes(procs, pg.read_environ)
+# At most this many ranks for a launch recorded without nproc_per_node; the stack text kept per rank.
+MAX_RANKS = 64
+STACK_TEXT_MAX = 64 * 1024
+
+
+def find_ranks(state):
+    """This job's ranks on the node from /proc: the recorded torchrun agent's direct children (procgroup.job_ranks),
+    at most the launch's nproc_per_node."""
+    limit = state.get("nproc_per_node")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_RANKS:
+        limit = MAX_RANKS
+    return pg.job_ranks(state, pg.all_stats(), pg.read_environ, limit)
 
 
 def keep_stack(m, tree, rank, text):
@@ -181,13 +191,12 @@ def launch_state(tree):
 def stacks(m, run, tree, container, py_spy):
     """Every rank's Python stack (see DOCUMENTATION)."""
     state = launch_state(tree)
-    token = state.get("token")
-    if not token:
+    if not state.get("token"):
         return [{"rank": None, "skipped": "no launch state (launch.json) on this node: no job to dump"}]
-    ranks = find_ranks(token)
+    ranks = find_ranks(state)
     if not ranks:
-        return [{"rank": None, "skipped": "no rank of this job runs on the node (no process with its launch token "
-                 "and a RANK): the ranks exited"}]
+        return [{"rank": None, "skipped": "no rank of this job runs on the node (no child of its torchrun agent "
+                 "with a RANK): the ranks exited"}]
     pyspy = None
     if py_spy and os.path.isfile(py_spy) and os.access(py_spy, os.X_OK):
         pyspy = py_spy
@@ -236,6 +245,7 @@ def stacks(m, run, tree, container, py_spy):
         if not method:
             res.append({"rank": rank, "pid": pid, "state": rk["state"], "skipped": "; ".join(why) or "no stack tool"})
             continue
+        text = text[-STACK_TEXT_MAX:]
         threads = parse_stacks(text)
         res.append({"rank": rank, "local_rank": rk["local_rank"], "pid": pid, "state": rk["state"], "method": method,
                     "call": main_call(threads), "text": text[-20000:], "kept": keep_stack(m, tree, rank, text)})

@@ -13,9 +13,11 @@ description:
     when the launch role already removed the file) and cleans what that job left behind. Nothing is found or
     killed by name.
   - "Processes: the job's are the launch leader when its PID and start time (C(start_ticks)) match, its
-    descendants, members of its process group or session while that leader is verified, and any process
-    that carries the job's launch token (C(TRAINYARD_LAUNCH_ID)) and started no earlier than the leader; the
-    same for each sidecar. They get SIGTERM, then SIGKILL after C(stop_timeout). Processes of anything else
+    descendants, members of its process group or session while that leader is verified, any process
+    that carries the job's launch token (C(TRAINYARD_LAUNCH_ID)) and started no earlier than the leader, and
+    (runtime docker) every process in the recorded training container's cgroup but its init while that init
+    runs; the same for each sidecar (C(procgroup.find_job), the rule C(torchrun_launch state=stopped) uses).
+    They get SIGTERM, then are frozen (SIGSTOP) and get SIGKILL after C(stop_timeout). Processes of anything else
     that hold a GPU device (C(/dev/nvidia*)) are reported in C(gpu_users), never killed."
   - "Files: top-level entries of C(/dev/shm) and C(/tmp) whose names match C(patterns)
     (C(torch_*), C(nccl-*), C(.torch_distributed_*), ...). An entry is this job's when a process of the job
@@ -60,7 +62,7 @@ options:
     default: /dev/nvidia
 extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 notes:
-  - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token).
+  - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token + container cgroup).
 """
 
 EXAMPLES = r"""
@@ -398,12 +400,8 @@ class Reset(object):
 
     # ------------------------------------------------------------------ processes
     def job_procs(self, states):
-        stats = pg.all_stats()
-        chosen = {}
-        for s in states:
-            for st in pg.recorded_job(s, stats):
-                chosen[st.pid] = st
-        return [st for pid, st in sorted(chosen.items()) if pid not in self.me]
+        """procgroup.find_job: the rule the launch's stop uses too."""
+        return pg.find_job(states, exclude=self.me)
 
     # ------------------------------------------------------------------ files
     def scan_candidates(self):

@@ -105,7 +105,29 @@ options:
         through C(docker exec --env-file), so the file never needs to be inside the container). Their values
         never appear in the result, the launch spec, C(launch.json) or the log lines this module writes; only
         their names are returned (I(secret_env)). Changing a value does not make the running job another job.
+      - With I(secret_env_mode=file) the values reach the job as files instead (see there).
     type: path
+  secret_env_mode:
+    description:
+      - "C(env): the variables of I(secret_env_file) go into the job's environment, where any process of the job
+        and anyone with the job's uid (or root) can read them in C(/proc/PID/environ), every child process
+        inherits them and tools that dump the environment show them."
+      - "C(file): each variable becomes a file C(<secrets_dir>/<NAME>) (mode 0400, owner I(secrets_uid), in a 0500
+        directory of that owner, rewritten on each start); the job gets C(TRAINYARD_SECRETS_DIR=<secrets_dir>) (the
+        path, no value) and reads C($TRAINYARD_SECRETS_DIR/<NAME>). No value enters any environment. Runtime
+        C(docker) needs the container to mount I(secrets_dir) read-only at the same path (checked before the start)."
+    type: str
+    choices: [env, file]
+    default: env
+  secrets_dir:
+    description: Directory of the secret files for I(secret_env_mode=file); default C(secrets/) beside I(secret_env_file).
+      Its parent must exist (the launch role's host-only 0700 directory on the /run tmpfs). A start without secret
+      files and a stop empty it (it stays, as the container mounts it).
+    type: path
+  secrets_uid:
+    description: Owner (uid; the gid is the same) of the secret files, the uid the job runs as.
+    type: int
+    default: 0
   first_launch_env:
     description:
       - Variables for this node's first launch of the job only (no state file from an earlier launch), applied
@@ -248,6 +270,20 @@ state:
   description: Job state on this node after the task (running, finished, failed, stopped, absent).
   returned: always
   type: str
+cgroup_tracking:
+  description: "Runtime docker: C(pass) when the training container's id and init were recorded, so stop and reset
+    find every process in its cgroup; C(skip: <why>) when not (a warning too)."
+  returned: on a start with runtime docker
+  type: str
+secrets_dir:
+  description: The directory of the job's secret files (I(secret_env_mode=file)); names only inside, never a value here.
+  returned: on a start with secret_env_mode=file and secrets
+  type: str
+secrets_mount:
+  description: "Runtime docker with I(secret_env_mode=file): C(pass) when the container mounts I(secrets_dir)
+    read-only; C(skip: ...) in check mode."
+  returned: on a start with secret_env_mode=file, runtime docker and secrets
+  type: str
 pid:
   description: PID of the job's session leader (the launcher; torchrun is its child).
   returned: when a job is known
@@ -354,6 +390,51 @@ except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing
     CHECKPOINTS_IMPORT_ERROR = str(e)
 
 PID_FILE_WAIT = 20.0
+SECRETS_DIR_ENV = "TRAINYARD_SECRETS_DIR"
+
+
+def write_secret_files(path, values, uid, gid):
+    """Write ``values`` ({NAME: value}) as files ``path/NAME`` (0400, owner uid:gid) in the directory ``path`` (0500,
+    same owner), created if missing; entries of names not in ``values`` are removed. Everything goes through
+    descriptors: the parent and the directory are opened with O_NOFOLLOW|O_DIRECTORY, each file is created
+    exclusively (O_CREAT|O_EXCL|O_NOFOLLOW) under a temporary name, fchown/fchmod-ed, then renamed over the name, so
+    a planted link is replaced and never followed. Names must be environment variable names."""
+    for name in values:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError("secret name %r cannot name a file" % (name,))
+    parent, base = os.path.split(os.path.normpath(path))
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    pfd = os.open(parent, flags)
+    try:
+        try:
+            os.mkdir(base, 0o700, dir_fd=pfd)
+        except FileExistsError:
+            pass
+        dfd = os.open(base, flags, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    try:
+        os.fchmod(dfd, 0o700)  # root writes; the job's uid gets r-x at the end
+        os.fchown(dfd, 0, 0)
+        for entry in os.listdir(dfd):
+            if entry not in values:
+                os.unlink(entry, dir_fd=dfd)
+        for name, value in sorted(values.items()):
+            tmp = ".%s.%s.tmp" % (name, os.urandom(4).hex())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400, dir_fd=dfd)
+            try:
+                data = value.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o400)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fchown(dfd, uid, gid)
+        os.fchmod(dfd, 0o500)
+    finally:
+        os.close(dfd)
 
 
 def read_text(path, limit=2 * 1024 * 1024):
@@ -396,11 +477,9 @@ class Launch(object):
                                  "(ansible-playbook reset.yml)." % (path, e, self.job), **self.result)
 
     def job_procs(self, state):
-        exclude = set()
-        for sc in state.get("sidecars", []):
-            exclude.add(sc.get("pid"))
-        procs = pg.job_processes(state["pid"], state["start_ticks"], state.get("token"))
-        return [p for p in procs if p.pid not in exclude]
+        """The job's processes without its sidecars (procgroup.find_job: the rule job_reset uses too)."""
+        exclude = set(sc.get("pid") for sc in state.get("sidecars", []))
+        return [p for p in pg.find_job([state], sidecars=False) if p.pid not in exclude]
 
     def sidecar_procs(self, sc):
         if not sc.get("pid"):
@@ -408,13 +487,27 @@ class Launch(object):
         return pg.job_processes(sc["pid"], sc.get("start_ticks"), sc.get("token"))
 
     def all_procs(self, state):
-        seen = {}
-        for p in self.job_procs(state):
-            seen[p.pid] = p
-        for sc in state.get("sidecars", []):
-            for p in self.sidecar_procs(sc):
-                seen[p.pid] = p
-        return sorted(seen.values(), key=lambda s: s.pid)
+        """Every process of the job and its sidecars: what stop ends (procgroup.find_job, as job_reset)."""
+        return pg.find_job([state])
+
+    def container_identity(self):
+        """The training container's id and its init process (PID + start time) from the engine, recorded in
+        launch.json so that stop and reset find every process in the container's cgroup (procgroup.find_job).
+        Returns ({container_id, container_init_pid, container_init_ticks}, None) or ({}, why not)."""
+        rc, out, err = self.m.run_command([self.p["docker"], "inspect", "--format", "{{.Id}} {{.State.Pid}}",
+                                           self.p["container"]])
+        parts = out.split() if rc == 0 else []
+        if len(parts) != 2 or not pg.valid_container_id(parts[0]) or not parts[1].isdigit():
+            return {}, "docker inspect %s gave no id and PID (rc %d): %s" % (
+                self.p["container"], rc, (err or out).strip()[-200:])
+        cid, pid = parts[0], int(parts[1])
+        st = pg.read_stat(pid)
+        if st is None:
+            return {}, "the container's init (PID %d) is not visible in /proc: is pid_mode host?" % pid
+        if not pg.in_container_cgroup(pg.read_cgroup(pid), cid):
+            return {}, "the container's init (PID %d) does not name the container in /proc/%d/cgroup (%s)" % (
+                pid, pid, ", ".join(pg.read_cgroup(pid) or [])[:200])
+        return {"container_id": cid, "container_init_pid": pid, "container_init_ticks": st.start_ticks}, None
 
     def describe(self, state, extra=None):
         procs = self.job_procs(state)
@@ -488,6 +581,8 @@ class Launch(object):
         state = state if state is not None else self.load_state()
         if state is None:
             self.result.update(state="absent", msg="no job %s on this node" % self.job)
+            if not self.m.check_mode:
+                self.clear_secrets()
             if exit_module:
                 self.m.exit_json(**self.result)
             return self.result
@@ -513,6 +608,7 @@ class Launch(object):
                 os.unlink(os.path.join(self.dir, name))
             except OSError:
                 pass
+        self.clear_secrets()
         self.result.update(changed=bool(procs), state="stopped", stopped=outcome)
         if exit_module:
             self.m.exit_json(**self.result)
@@ -595,7 +691,67 @@ class Launch(object):
         if problems:
             self.m.fail_json(msg="; ".join(problems[:5]), **self.result)
         self.result["secret_env"] = sorted(env)
+        self.secret_values = env  # for secret_env_mode=file: written to files, never into a result
         return sorted(env)
+
+    def secrets_dir(self):
+        if self.p["secrets_dir"]:
+            return self.p["secrets_dir"]
+        return os.path.join(os.path.dirname(self.p["secret_env_file"]), "secrets") if self.p["secret_env_file"] else ""
+
+    def clear_secrets(self):
+        """Empty the secrets directory of an earlier launch (the directory stays: a container mounts it, and a
+        directory made anew would not be the one it sees)."""
+        path = self.secrets_dir()
+        if path and os.path.isdir(path) and not os.path.islink(path):
+            try:
+                write_secret_files(path, {}, 0, 0)
+            except OSError as e:
+                self.m.warn("cannot empty the secrets directory %s: %s" % (path, e.strerror or e))
+
+    def check_secrets_mount(self):
+        """secret_env_mode=file with runtime docker: the container must mount the secrets directory (read-only, same
+        path); checked before anything is started or stopped."""
+        want = self.secrets_dir()
+        if self.m.check_mode:
+            # The container role of the same run may (re)create the container with the mount: nothing to judge yet.
+            self.result["secrets_mount"] = "skip: not checked in check mode"
+            return
+        rc, out, err = self.m.run_command([self.p["docker"], "inspect", "--format", "{{json .Mounts}}",
+                                           self.p["container"]])
+        try:
+            mounts = json.loads(out) if rc == 0 else None
+        except ValueError:
+            mounts = None
+        if not isinstance(mounts, list):
+            self.m.fail_json(msg="secret_env_mode=file: cannot read the mounts of container %s (rc %d): %s. Is the "
+                                 "training container running (role container)?" % (
+                                     self.p["container"], rc, (err or out).strip()[-300:]), **self.result)
+        for mt in mounts:
+            if isinstance(mt, dict) and mt.get("Source") == want and mt.get("Destination") == want:
+                if mt.get("RW"):
+                    self.m.fail_json(msg="secret_env_mode=file: container %s mounts %s read-write; mount it "
+                                         "read-only (container_mounts_extra: [{source: %s, read_only: true}])"
+                                         % (self.p["container"], want, want), **self.result)
+                self.result["secrets_mount"] = "pass"
+                return
+        self.m.fail_json(msg="secret_env_mode=file: container %s does not mount %s, so the job cannot read its "
+                             "secrets; add container_mounts_extra: [{source: %s, read_only: true}] and rerun site.yml "
+                             "(the container is recreated)" % (self.p["container"], want, want), **self.result)
+
+    def place_secrets(self):
+        """secret_env_mode=file: one 0400 file per secret in a 0500 directory owned by secrets_uid, written through
+        directory descriptors (no link followed, created exclusively, fchown/fchmod on the descriptors); files of
+        secrets no longer given are removed. Returns the directory."""
+        path = self.secrets_dir()
+        uid = int(self.p["secrets_uid"])
+        try:
+            write_secret_files(path, getattr(self, "secret_values", {}), uid, uid)
+        except (OSError, ValueError) as e:
+            self.m.fail_json(msg="secret_env_mode=file: cannot write the secret files into %s: %s; its parent must "
+                                 "be the launch role's host-only directory (launch_secret_env_file's)" % (
+                                     path, getattr(e, "strerror", None) or e), **self.result)
+        return path
 
     def stop_hint(self, job):
         return ("stop it with `ansible-playbook reset.yml -e reset_confirm=true` (with cluster_job_name=%s), or a "
@@ -631,7 +787,7 @@ class Launch(object):
                 os.unlink(path)
             except OSError:
                 pass
-        secret_file = self.p["secret_env_file"] if name == "torchrun" else ""
+        secret_file = self.p["secret_env_file"] if name == "torchrun" and self.p["secret_env_mode"] == "env" else ""
         spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
                 "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
         if secret_file and runtime != "docker":
@@ -702,6 +858,10 @@ class Launch(object):
             self.m.fail_json(msg=str(e), **self.result)
         self.m.no_log_values.update(v for k, v in extra_env.items() if tr.looks_secret(k) and v)
         secret_names = self.secret_names()
+        if p["secret_env_mode"] == "file" and secret_names:
+            extra_env[SECRETS_DIR_ENV] = self.secrets_dir()  # the path only; the job reads the files
+            if p["runtime"] == "docker":
+                self.check_secrets_mount()
         fp_env = dict(extra_env, **dict((k, "<secret>") for k in secret_names))  # names, not values
         fp = tr.fingerprint(base, fp_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
 
@@ -774,6 +934,10 @@ class Launch(object):
         # Leftovers of the previous launch of this job (a sidecar still running after the job died).
         if state is not None and self.all_procs(state):
             pg.terminate(lambda: self.all_procs(state), grace=float(p["stop_timeout"]))
+        if p["secret_env_mode"] == "file" and secret_names:
+            self.result["secrets_dir"] = self.place_secrets()
+        else:
+            self.clear_secrets()
 
         # The host-only directory is 0750; the container's read-only and read-write directories stay readable
         # for an image that runs as another user.
@@ -796,6 +960,14 @@ class Launch(object):
                                      % (src, dst, e.strerror), **self.result)
         # launcher.py's own text (AnsiballZ ships it inside this module's payload, beside the other module utils).
         tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), inspect.getsource(launcher_script), 0o755)
+        cgroup = {}
+        if p["runtime"] == "docker":
+            cgroup, why = self.container_identity()
+            # Without the cgroup record the job is found by the launcher (subreaper), descendants and token only.
+            self.result["cgroup_tracking"] = "pass" if cgroup else "skip: %s" % why
+            if why:
+                self.m.warn("job %s: processes are not tracked by the container's cgroup (%s); a process that leaves "
+                            "the launcher's tree without the token may survive a stop" % (self.job, why))
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")
@@ -812,6 +984,9 @@ class Launch(object):
             self.job, p["runtime"], p["container"], data["pid"], data["pgid"], data["start_ticks"], started_at,
             command, p["env_files"], self.log, p["node_rank"], p["master_port"], resume, sidecars, token, fp,
             exit_path, torchrun_pid=data.get("child_pid"))
+        # What finds the job's processes (procgroup.find_job) and its ranks (procgroup.job_ranks) besides the above.
+        new_state.update(cgroup, torchrun_start_ticks=data.get("child_start_ticks"),
+                         nproc_per_node=int(p["nproc_per_node"]))
         tr.write_atomic(self.state_path, tr.dumps_state(new_state), 0o640)
         self.result.update(changed=True)
         self.result.update(self.describe(new_state, {"env": tr.redact_env(env)}))
@@ -886,6 +1061,9 @@ def main():
             env=dict(type="dict", default={}),
             first_launch_env=dict(type="dict", default={}),
             secret_env_file=dict(type="path", default=""),
+            secret_env_mode=dict(type="str", default="env", choices=["env", "file"]),
+            secrets_dir=dict(type="path", default=""),
+            secrets_uid=dict(type="int", default=0),
             chdir=dict(type="path"),
             log=dict(type="path"),
             runtime=dict(type="str", default="host", choices=["host", "docker"]),

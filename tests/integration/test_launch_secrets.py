@@ -54,3 +54,69 @@ def test_vaulted_secret_reaches_every_node_and_nothing_else(cluster, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     for node in cluster.nodes:
         assert cluster.exec(node, ["test", "-e", "/run/trainyard/train/secret.env"], check=False).returncode == 1
+
+
+# The job of launch_secret_env_mode file: what it finds (files, its environment, every environ in /proc: the
+# container shares the node's PID namespace), written where the test reads it; then the step marker.
+PROBE = r'''import json, os, sys, time
+d = os.environ.get("TRAINYARD_SECRETS_DIR", "")
+files = {n: open(os.path.join(d, n)).read() for n in sorted(os.listdir(d))} if d else {}
+environs = b""
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            environs += open("/proc/%s/environ" % pid, "rb").read()
+        except OSError:
+            pass
+seen = {"dir": d, "files": files, "env_has": "HF_TOKEN" in os.environ,
+        "in_any_environ": [n for n, v in files.items() if v.encode() in environs],
+        "writable": os.access(d, os.W_OK) if d else None}
+if int(os.environ.get("RANK", "0")) == 0:
+    open("/srv/outputs/secret-probe.json", "w").write(json.dumps(seen))
+print("trainyard: first step done", flush=True)
+time.sleep(120)
+'''
+
+
+def test_secret_env_mode_file_reaches_the_container_as_files_and_no_environ(cluster):
+    sdir = "/run/trainyard/train/secrets"
+    for node in cluster.nodes:
+        cluster.exec(node, ["sh", "-c", "cat > /srv/code/secret_probe.py"], input=PROBE)
+    extra = ["-e", json.dumps({
+        "launch_secret_env": {"HF_TOKEN": SECRET}, "launch_secret_env_mode": "file",
+        "container_mounts_extra": [{"source": sdir, "read_only": True}],
+        "launch_entrypoint": "/srv/code/secret_probe.py", "launch_argv": [], "launch_resume_from": "",
+        "launch_wait_for": "first_step"})]
+    try:
+        r = cluster.playbook(PLAYBOOK, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+        assert r.returncode == 0, r.stdout[-3000:]
+        r = cluster.playbook(PLAYBOOK, *extra)
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert SECRET not in r.stdout
+        head = cluster.head
+        seen = json.loads(cluster.exec(head, ["cat", "/srv/outputs/secret-probe.json"]).stdout)
+        assert seen["dir"] == sdir and seen["files"] == {"HF_TOKEN": SECRET}, seen
+        assert seen["env_has"] is False and seen["in_any_environ"] == [] and seen["writable"] is False, seen
+        for node in cluster.nodes:
+            state = json.loads(cluster.exec(node, ["cat", f"{STATE}/launch.json"]).stdout)
+            launcher = cluster.exec(node, ["cat", f"/proc/{state['pid']}/environ"]).stdout
+            agent = cluster.exec(node, ["cat", f"/proc/{state['torchrun_pid']}/environ"]).stdout
+            assert SECRET not in launcher + agent, node
+            assert f"TRAINYARD_SECRETS_DIR={sdir}" in agent.split("\0"), node  # the path only
+            modes = cluster.exec(node, ["stat", "-c", "%a", sdir, f"{sdir}/HF_TOKEN"]).stdout.split()
+            assert modes == ["500", "400"], (node, modes)
+    finally:
+        r = cluster.playbook(PLAYBOOK, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
+        for node in cluster.nodes:
+            cluster.exec(node, ["rm", "-f", "/srv/code/secret_probe.py", "/srv/outputs/secret-probe.json"],
+                         check=False)
+    assert r.returncode == 0, r.stdout[-3000:]
+    for node in cluster.nodes:
+        assert cluster.exec(node, ["ls", "-A", sdir]).stdout == "", node  # emptied, the mount's directory kept
+    # The container as the other tests expect it: without the extra mount (a node restart empties /run, and a
+    # container whose bind source is gone does not start until site.yml creates it again). docker_container keeps
+    # a container that has more mounts than asked for: removed here, created again by the container role.
+    for node in cluster.nodes:
+        cluster.exec(node, ["docker", "rm", "-f", "trainyard-train"], check=False)
+    r = cluster.playbook(PLAYBOOK, "-e", "test_launch_entry=none")
+    assert r.returncode == 0, r.stdout[-3000:]

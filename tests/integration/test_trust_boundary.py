@@ -140,3 +140,83 @@ def test_janitor_runs_unprivileged_from_code_the_container_cannot_change(prepare
     assert c.exec(node, ["sha256sum", f"{STATE}/janitor.py"]).stdout == code
     assert c.exec(node, ["test", "-e", "/pwned"], check=False).returncode != 0
     assert c.exec(node, ["stat", "-c", "%U", f"{STATE}/janitor.log"]).stdout.strip() == "root"
+
+
+# The job's entry point (run by torchrun inside the container) starts an escaper: it double-forks, calls setsid and
+# re-execs python with an empty environment (no launch token) under a name of its own, ignoring SIGTERM; then the
+# rank waits. Nothing but the container's cgroup (and the launcher as subreaper) ties the escaper to the job.
+ESCAPE_ENTRY = r'''import os, sys, time
+marker = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sys.executable, ["python3", "-c",
+                  "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)", marker], {})
+    os._exit(0)
+time.sleep(3600)
+'''
+
+
+def adhoc(cluster, node, name, args):
+    """One module run ad hoc on one node (real Ansible over SSH); the module's result."""
+    r = subprocess.run([str(BIN / "ansible"), node, "-i", str(cluster.inventory), "-m", name, "-a", json.dumps(args)],
+                       env=ansible_env({"ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+                                        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}),
+                       capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    out, _ = json.JSONDecoder().raw_decode(r.stdout[r.stdout.index("{"):])
+    return out["plays"][0]["tasks"][0]["hosts"][node]
+
+
+def escaper_pids(cluster, node, marker):
+    r = cluster.exec(node, ["pgrep", "-f", "SIG_IGN.*" + marker], check=False)  # not torchrun or the rank
+    return [int(p) for p in r.stdout.split()]
+
+
+def launch_escaper(cluster, node, marker):
+    # An earlier test may have left its job running (the janitor's): a fresh start for this one.
+    adhoc(cluster, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard", "state": "stopped"})
+    res = adhoc(cluster, node, "torchrun_launch", {
+        "job": "train", "state_root": "/var/lib/trainyard", "runtime": "docker", "container": CTR,
+        "nnodes": 1, "nproc_per_node": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 39556,
+        "entrypoint": "/srv/code/escape_entry.py", "args": [marker], "chdir": "/srv/code"})
+    assert not res.get("failed"), (res.get("msg"), res.get("log_tail"))
+    pids = []
+    for _ in range(100):
+        pids = escaper_pids(cluster, node, marker)
+        if pids:
+            break
+        time.sleep(0.2)
+    assert len(pids) == 1, "the escaper did not start: %s" % res
+    environ = cluster.exec(node, ["cat", f"/proc/{pids[0]}/environ"]).stdout
+    assert "TRAINYARD_LAUNCH_ID" not in environ  # it shed the token
+    return res
+
+
+@pytest.mark.parametrize("how", ["stop", "job_reset", "reset.yml"])
+def test_a_double_forked_setsid_escaper_without_the_token_is_gone_after_stop_and_reset(prepared, how):
+    c, node = prepared, prepared.head
+    marker = "ty-escaper-%s-%d" % (how.replace(".", ""), time.time_ns())
+    c.exec(node, ["sh", "-c", "cat > /srv/code/escape_entry.py"], input=ESCAPE_ENTRY)
+    c.exec(node, ["sleep", DECOY_ARG], detach=True)  # a host process outside the job: never signalled
+    try:
+        launched = launch_escaper(c, node, marker)
+        if how == "stop":
+            res = adhoc(c, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard",
+                                                     "state": "stopped", "stop_timeout": 3})
+            assert res["state"] == "stopped" and not res.get("failed"), res
+        elif how == "job_reset":
+            res = adhoc(c, node, "job_reset", {"job": "train", "state_root": "/var/lib/trainyard",
+                                               "stop_timeout": 3})
+            assert not res.get("failed"), res
+        else:
+            r = c.playbook("reset.yml", "-e", "reset_confirm=true", "-e", "reset_container=never")
+            assert r.returncode == 0, r.stdout[-3000:]
+        assert escaper_pids(c, node, marker) == [], "the escaper survived %s" % how
+        assert launched.get("cgroup_tracking") == "pass", launched  # the container's cgroup was recorded
+        assert c.exec(node, ["pgrep", "-fx", f"sleep {DECOY_ARG}"], check=False).stdout.strip()  # the decoy lives
+    finally:
+        adhoc(c, node, "torchrun_launch", {"job": "train", "state_root": "/var/lib/trainyard", "state": "stopped"})
+        for pid in escaper_pids(c, node, marker):
+            c.exec(node, ["kill", "-9", str(pid)], check=False)
+        for pid in c.exec(node, ["pgrep", "-fx", f"sleep {DECOY_ARG}"], check=False).stdout.split():
+            c.exec(node, ["kill", pid], check=False)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import job_collect as jc
+from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from conftest import adhoc
 
@@ -294,36 +295,58 @@ def test_job_progress_reads_progress_from_job_rw_only(tmp_path):
 HUNG_RANK = "import time\ndef wait_for_peers():\n    time.sleep(300)\nwait_for_peers()\n"
 
 
+# The torchrun agent: its ranks as its direct children (the last beyond the launch's nproc_per_node).
+AGENT = """import os, subprocess, sys, time
+code, n = sys.argv[1], int(sys.argv[2])
+env = lambda r: dict(os.environ, TRAINYARD_LAUNCH_ID="tok-1", RANK=str(r), LOCAL_RANK=str(r))
+ranks = [subprocess.Popen([sys.executable, "-c", code], env=env(r)) for r in range(n)]
+time.sleep(300)
+"""
+
+
 def test_job_progress_stacks_find_the_ranks_in_proc_and_dump_them_with_py_spy(tmp_path):
-    """Two real "ranks" (processes with the launch token and torchrun's RANK), one of them stopped; a progress file
-    that names a process of somebody else (PID 1): the stacks come from /proc, never from that record."""
+    """The ranks are the recorded torchrun agent's direct children, at most nproc_per_node, one of them stopped; a
+    progress file that names a process of somebody else (PID 1) and a process the job invents with the token and a
+    RANK are not ranks: the stacks come from /proc, never from that record."""
     pyspy = VENV / "py-spy"
     if not pyspy.exists():
         pytest.skip("py-spy is not installed in the virtualenv (requirements.txt pins it)")
     job, ro, rw = _layout(tmp_path)
-    (job / tr.STATE_FILE).write_text(json.dumps({"job": "train", "token": "tok-1"}))
     (rw / "progress" / "rank_0.json").write_text(json.dumps({"rank": 0, "step": 3, "pid": 1}))
-    procs = []
+    # This test process stands in for the launcher; the agent is its child.
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, HUNG_RANK, "3"])
+    procs = [agent]
     try:
-        for rank in (0, 1):
-            env = dict(os.environ, TRAINYARD_LAUNCH_ID="tok-1", RANK=str(rank), LOCAL_RANK=str(rank))
-            procs.append(subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=env))
-        other = subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=dict(os.environ, RANK="5", LOCAL_RANK="0"))
-        procs.append(other)
+        ranks = {}
+        for _ in range(200):
+            ranks = {int((pg.read_environ(st.pid) or {}).get("RANK", -1)): st.pid for st in pg.all_stats()
+                     if st.ppid == agent.pid}
+            if set(ranks) == {0, 1, 2}:
+                break
+            time.sleep(0.05)
+        # What the job invents: the launch token and a RANK, but no child of the agent.
+        procs.append(subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=dict(
+            os.environ, TRAINYARD_LAUNCH_ID="tok-1", RANK="7", LOCAL_RANK="0")))
+        (job / tr.STATE_FILE).write_text(json.dumps({
+            "job": "train", "token": "tok-1", "pid": os.getpid(), "start_ticks": pg.start_ticks(os.getpid()),
+            "torchrun_pid": agent.pid, "torchrun_start_ticks": pg.start_ticks(agent.pid), "nproc_per_node": 2}))
         time.sleep(1.0)
-        os.kill(procs[1].pid, 19)  # SIGSTOP: a frozen rank
+        os.kill(ranks[1], 19)  # SIGSTOP: a frozen rank
         r = adhoc("job_progress", {"job": "train", "state_root": str(tmp_path), "nvidia_smi": "", "stacks": True,
                                    "py_spy": str(pyspy)})
         assert not r.get("failed"), r.get("msg")
         got = {s["rank"]: s for s in r["stacks"]}
-        assert set(got) == {0, 1}, r["stacks"]  # not the process without the token, not PID 1
-        assert got[0]["pid"] == procs[0].pid and got[1]["pid"] == procs[1].pid
+        assert set(got) == {0, 1}, r["stacks"]  # not rank 2 (beyond nproc_per_node), not the invented 7, not PID 1
+        assert got[0]["pid"] == ranks[0] and got[1]["pid"] == ranks[1]
         assert got[0]["method"] == "py-spy" and got[0]["call"].startswith("wait_for_peers (<string>:3)")
         assert got[1]["state"] == "T" and got[1]["call"].startswith("wait_for_peers")
         kept = job / "stacks" / "rank_1.txt"
         assert got[1]["kept"] == str(kept) and "wait_for_peers" in kept.read_text()
         assert oct(kept.stat().st_mode & 0o777) == "0o600"
     finally:
+        for st in pg.all_stats():
+            if st.ppid == agent.pid:
+                pg.signal_process(st.pid, st.start_ticks, 9)
         for p in procs:
             p.kill()
             p.wait()

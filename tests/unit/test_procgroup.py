@@ -17,6 +17,7 @@ import pytest
 from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
+from conftest import load
 
 
 def wait_for(pred, timeout=10.0, step=0.05):
@@ -244,3 +245,187 @@ def test_launcher_forwards_sigterm(tmp_path):
     ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
     assert ex["stopped"] and ex["returncode"] == -signal.SIGTERM
     assert not pg.is_alive(info["child_pid"], info["child_start_ticks"])
+
+
+# ------------------------------------------------------------------------------ the container's cgroup (one rule)
+
+CID = "a" * 63 + "1"
+OTHER = "b" * 64
+
+
+def fake_proc(root, procs):
+    """A /proc look-alike: {pid: (ppid, session, ticks, env dict, cgroup text)}."""
+    for pid, (ppid, sess, ticks, env, cg) in procs.items():
+        d = root / str(pid)
+        d.mkdir()
+        rest = ["S", str(ppid), str(sess), str(sess)] + ["0"] * 15 + [str(ticks)] + ["0"] * 10
+        (d / "stat").write_text("%d (p%d) %s\n" % (pid, pid, " ".join(rest)))
+        (d / "environ").write_bytes(b"".join(("%s=%s" % kv).encode() + b"\0" for kv in env.items()))
+        (d / "cgroup").write_text(cg)
+    return str(root)
+
+
+def cg2(path):
+    return "0::%s\n" % path
+
+
+@pytest.mark.parametrize("text, cid, inside", [
+    (cg2("/docker/" + CID), CID, True),                                            # cgroupfs driver, v2
+    (cg2("/system.slice/docker-%s.scope" % CID), CID, True),                        # systemd driver
+    (cg2("/system.slice/docker-%s.scope/sub" % CID), CID, True),                    # a sub-cgroup the job made
+    ("12:pids:/docker/%s\n11:memory:/docker/%s\n" % (CID, CID), CID, True),         # v1
+    (cg2("/docker/" + OTHER), CID, False),                                          # another container
+    (cg2("/user.slice/x-%s" % CID), CID, False),                                     # the id inside a name only
+    (cg2("/docker/" + CID), CID[:12], False),                                       # short ids never match
+    (cg2("/"), CID, False),
+    ("", CID, False),
+])
+def test_in_container_cgroup(text, cid, inside):
+    assert pg.in_container_cgroup(pg.parse_cgroup(text), cid) is inside
+
+
+def test_find_job_takes_the_containers_cgroup_the_escaper_cannot_shed(tmp_path):
+    tok = "tok"
+    proc = fake_proc(tmp_path, {
+        50: (1, 50, 100, {}, cg2("/docker/" + CID)),                      # the container's init (sleep infinity)
+        60: (40, 60, 200, {pg.TOKEN_ENV: tok}, cg2("/docker/" + CID)),    # the launcher (docker exec)
+        61: (60, 60, 201, {pg.TOKEN_ENV: tok}, cg2("/docker/" + CID)),    # torchrun
+        70: (40, 70, 300, {}, cg2("/docker/" + CID)),                      # escaper: setsid, re-exec'd, no token
+        80: (1, 80, 400, {}, cg2("/system.slice/sshd.service")),           # the node's own process
+        90: (2, 90, 500, {}, cg2("/docker/" + OTHER)),                     # another container's process
+        55: (50, 55, 150, {}, cg2("/docker/" + CID)),                      # the init's own child, before the launch
+    })
+    state = {"pid": 60, "start_ticks": 200, "token": tok, "pgid": 60, "container_id": CID,
+             "container_init_pid": 50, "container_init_ticks": 100}
+    assert [s.pid for s in pg.find_job([state], proc=proc)] == [60, 61, 70]
+    assert [s.pid for s in pg.find_job([state], proc=proc, exclude={70})] == [60, 61]
+    # Without the container record (runtime host, an older launch.json) only the launcher's tree and token count.
+    bare = {k: v for k, v in state.items() if not k.startswith("container")}
+    assert [s.pid for s in pg.find_job([bare], proc=proc)] == [60, 61]
+    # A container restarted since (another init start time) is no longer the recorded job's.
+    assert [s.pid for s in pg.find_job([dict(state, container_init_ticks=99)], proc=proc)] == [60, 61]
+    # A record whose init is not inside the named container, or forged types, is not believed.
+    assert [s.pid for s in pg.find_job([dict(state, container_init_pid=80, container_init_ticks=400)],
+                                       proc=proc)] == [60, 61]
+    assert [s.pid for s in pg.find_job([dict(state, container_id=CID[:12])], proc=proc)] == [60, 61]
+    assert [s.pid for s in pg.find_job([dict(state, container_init_pid="50")], proc=proc)] == [60, 61]
+
+
+def test_terminate_freezes_the_whole_set_before_any_sigkill(monkeypatch):
+    """A process that forks while it is being killed: every process found is stopped (SIGSTOP) and the scan repeated
+    until nothing new appears, and only then is anything killed."""
+    calls, alive = [], {1: 10, 2: 20}
+
+    def fake_signal(pid, ticks, sig, proc=pg.PROC):
+        calls.append((pid, sig))
+        if sig == signal.SIGSTOP and pid == 2:
+            alive.setdefault(3, 30)  # it forked just before it stopped
+        if sig == signal.SIGKILL:
+            alive.pop(pid, None)
+        return True
+
+    monkeypatch.setattr(pg, "signal_process", fake_signal)
+    find = lambda: [S(p, 0, p, p, t) for p, t in sorted(alive.items())]
+    out = pg.terminate(find, grace=0, sleep=lambda s: None)
+    kills = [i for i, c in enumerate(calls) if c[1] == signal.SIGKILL]
+    stops = [i for i, c in enumerate(calls) if c[1] == signal.SIGSTOP]
+    assert sorted(p for p, s in calls if s == signal.SIGSTOP) == [1, 2, 3]
+    assert max(stops) < min(kills)
+    assert out["killed"] == [1, 2, 3] and out["remaining"] == []
+
+
+def test_job_ranks_are_the_agents_direct_children_only():
+    env = {
+        11: {"RANK": "0", "LOCAL_RANK": "0"}, 12: {"RANK": "1", "LOCAL_RANK": "1"},
+        13: {"RANK": "2", "LOCAL_RANK": "2"},                  # beyond nproc_per_node
+        14: {"RANK": "9", "LOCAL_RANK": "0"},                  # a second "local rank 0", started later
+        20: {"RANK": "5", "LOCAL_RANK": "1"},                  # a worker's child carrying a RANK
+        30: {"RANK": "7", "LOCAL_RANK": "0", pg.TOKEN_ENV: "t"},  # invented by the job, no child of the agent
+        15: {},                                                # a child of the agent without a rank
+    }
+    stats = [S(5, 1, 5, 5, 100), S(10, 5, 5, 5, 110), S(11, 10, 11, 11, 120), S(12, 10, 12, 12, 121),
+             S(13, 10, 13, 13, 122), S(14, 10, 14, 14, 130), S(15, 10, 15, 15, 123), S(20, 11, 20, 20, 140),
+             S(30, 1, 30, 30, 150)]
+    state = {"pid": 5, "start_ticks": 100, "torchrun_pid": 10, "torchrun_start_ticks": 110}
+    got = pg.job_ranks(state, stats, lambda p: env.get(p), limit=2)
+    assert [(r["rank"], r["pid"]) for r in got] == [(0, 11), (1, 12)]
+    assert [r["pid"] for r in pg.job_ranks(state, stats, lambda p: env.get(p), limit=None)] == [11, 12, 13]
+    # The agent must be the recorded one: another start time, or not the launcher's child, gives no ranks.
+    assert pg.job_ranks(dict(state, torchrun_start_ticks=999), stats, env.get, 2) == []
+    assert pg.job_ranks(dict(state, torchrun_pid=11), stats, env.get, 2) == []
+    assert pg.job_ranks(dict(state, start_ticks=1), stats, env.get, 2) == []
+
+
+ESCAPER_AGENT = """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sys.executable, [sys.executable, "-c",
+                  "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)", sys.argv[1]],
+                  {})
+    os._exit(0)
+time.sleep(300)
+"""
+
+
+def test_stop_and_reset_find_a_double_forked_setsid_escaper_by_the_same_rule(tmp_path):
+    """Runtime host: the job double-forks, calls setsid and re-execs without the token. The launcher is its child
+    subreaper, so the escaper stays a descendant; the launch's stop and job_reset select it through the one rule
+    (procgroup.find_job), and terminate ends it (it ignores SIGTERM)."""
+    tl = load("library/torchrun_launch.py", "torchrun_launch_mod")
+    jr = load("library/job_reset.py", "job_reset_mod")
+    marker = "escaper-%s" % uuid.uuid4().hex
+    pid, ticks, token = run_launcher(tmp_path, [sys.executable, "-c", ESCAPER_AGENT, marker])
+    info = wait_for(lambda: (tmp_path / "pid.json").exists() and json.loads((tmp_path / "pid.json").read_text()))
+    assert info["subreaper"] is True
+    state = {"pid": pid, "start_ticks": ticks, "pgid": pid, "token": token, "sidecars": []}
+
+    def escaper():
+        for st in pg.all_stats():
+            argv = pg.read_cmdline(st.pid)
+            if argv[-1:] == [marker] and argv[2:3] and argv[2].startswith("import signal"):
+                return st  # the re-exec'd escaper, not the agent (whose argv ends with the marker too)
+        return None
+
+    esc = wait_for(escaper)
+    try:
+        assert esc.session != pid and pg.TOKEN_ENV not in (pg.read_environ(esc.pid) or {})
+        assert esc.ppid == pid  # re-parented to the launcher (its subreaper), not to init
+        launch = object.__new__(tl.Launch)
+        reset = object.__new__(jr.Reset)
+        reset.me = jr.Reset.my_lineage()
+        by_stop = [s.pid for s in launch.all_procs(state)]
+        by_reset = [s.pid for s in reset.job_procs([state])]
+        assert esc.pid in by_stop and by_stop == by_reset
+        out = pg.terminate(lambda: launch.all_procs(state), grace=1.0)
+        assert out["remaining"] == [] and escaper() is None
+    finally:
+        st = escaper()
+        if st is not None:
+            pg.signal_process(st.pid, st.start_ticks, signal.SIGKILL)
+        pg.signal_process(pid, ticks, signal.SIGKILL)
+
+
+def test_launcher_ends_an_escaper_without_the_token_when_the_job_ends(tmp_path):
+    """The agent leaves a double-forked, setsid, re-exec'd escaper (no token, SIGTERM ignored) and exits 0: the
+    launcher, its subreaper, ends it before it exits itself (SIGTERM, the grace, SIGSTOP, SIGKILL)."""
+    marker = "escaper-%s" % uuid.uuid4().hex
+    agent = ESCAPER_AGENT[:ESCAPER_AGENT.rindex("time.sleep(300)")] + "time.sleep(0.5)\n"  # the agent ends soon
+    pid, ticks, token = run_launcher(tmp_path, [sys.executable, "-c", agent, marker])
+
+    def escaper():
+        for st in pg.all_stats():
+            argv = pg.read_cmdline(st.pid)
+            if argv[-1:] == [marker] and argv[2:3] and argv[2].startswith("import signal"):
+                return st
+        return None
+
+    try:
+        assert wait_for(escaper)
+        ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
+        assert ex["returncode"] == 0
+        assert wait_for(lambda: escaper() is None and not pg.is_alive(pid, ticks), timeout=15)
+    finally:
+        st = escaper()
+        if st is not None:
+            pg.signal_process(st.pid, st.start_ticks, signal.SIGKILL)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, load
 
 BIN = BIN
 SECRET = "hf_s3cr3t-Val9e-never-printed"
@@ -138,3 +138,70 @@ def test_a_job_that_ends_while_awaited_is_finished_if_clean_and_named_if_not(tmp
             assert p.returncode != 0 and "ended before first_step" in p.stdout, p.stdout[-3000:]
     finally:
         stop(tmp_path)
+
+
+# The job of secret_env_mode=file: its own environment and every process's environ below it, and the files.
+FILE_ENTRY = textwrap.dedent("""
+    import json, os, sys
+    d = os.environ.get("TRAINYARD_SECRETS_DIR", "")
+    seen = {"dir": d, "env_has": [k for k in ("HF_TOKEN", "WANDB_API_KEY") if k in os.environ],
+            "files": {n: open(os.path.join(d, n)).read() for n in sorted(os.listdir(d))} if d else {}}
+    environs = b""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                environs += open("/proc/%s/environ" % pid, "rb").read()
+            except OSError:
+                pass
+    seen["in_any_environ"] = [v for v in seen["files"].values() if v.encode() in environs]
+    open(sys.argv[1], "w").write(json.dumps(seen))
+    print("trainyard: first step done", flush=True)
+""")
+
+
+def test_secret_env_mode_file_gives_0400_files_and_no_value_in_any_environ(tmp_path):
+    secret = tmp_path / "run" / "secret.env"
+    secret.parent.mkdir(mode=0o700)
+    secret.write_text(f"HF_TOKEN={SECRET}\nWANDB_API_KEY={OTHER}\n")
+    secret.chmod(0o600)
+    sdir = secret.parent / "secrets"
+    (tmp_path / "entry_file.py").write_text(FILE_ENTRY)
+    try:
+        p, res = playbook(tmp_path, secret_env_file=str(secret), secret_env_mode="file", secrets_uid=os.getuid(),
+                          entrypoint=str(tmp_path / "entry_file.py"))
+        assert p.returncode == 0, p.stdout[-3000:]
+        seen = json.loads((tmp_path / "seen").read_text())
+        assert seen["dir"] == str(sdir) and seen["env_has"] == []
+        assert seen["files"] == {"HF_TOKEN": SECRET, "WANDB_API_KEY": OTHER}
+        assert seen["in_any_environ"] == []  # no process on this machine holds a value in its environment
+        assert stat.S_IMODE(sdir.stat().st_mode) == 0o500
+        for f in sdir.iterdir():
+            assert stat.S_IMODE(f.lstat().st_mode) == 0o400 and f.lstat().st_uid == os.getuid()
+        assert res["secrets_dir"] == str(sdir) and SECRET not in p.stdout + json.dumps(res)
+        state = (tmp_path / "state" / "secretjob" / "launch.json").read_text()
+        assert SECRET not in state and OTHER not in state
+    finally:
+        playbook(tmp_path, state="stopped", secrets_dir=str(sdir))  # as the launch role's reset passes it
+    assert sdir.is_dir() and list(sdir.iterdir()) == []  # the stop empties it (a container may mount it)
+
+
+def test_write_secret_files_replaces_a_planted_link_and_drops_old_names(tmp_path):
+    tl = load("library/torchrun_launch.py", "torchrun_launch_mod")
+    outside = tmp_path / "outside"
+    outside.write_text("keep")
+    d = tmp_path / "secrets"
+    d.mkdir()
+    os.symlink(outside, d / "HF_TOKEN")
+    (d / "OLD").write_text("stale")
+    tl.write_secret_files(str(d), {"HF_TOKEN": SECRET}, os.getuid(), os.getgid())
+    assert outside.read_text() == "keep"  # the link was replaced, never written through
+    assert sorted(p.name for p in d.iterdir()) == ["HF_TOKEN"] and (d / "HF_TOKEN").read_text() == SECRET
+    assert not (d / "HF_TOKEN").is_symlink()
+    os.chmod(d, 0o700)
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "linked")
+    with pytest.raises(OSError):
+        tl.write_secret_files(str(tmp_path / "linked"), {"A": "x"}, os.getuid(), os.getgid())
+    assert list((tmp_path / "real").iterdir()) == []
+    with pytest.raises(ValueError):
+        tl.write_secret_files(str(d), {"../x": "x"}, os.getuid(), os.getgid())

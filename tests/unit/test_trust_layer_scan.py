@@ -70,6 +70,19 @@ ALLOWED = {
     (MU + "procgroup.py", "read_stat", "open"): "reads /proc/<pid>/stat",
     (MU + "procgroup.py", "read_environ", "open"): "reads /proc/<pid>/environ",
     (MU + "procgroup.py", "read_cmdline", "open"): "reads /proc/<pid>/cmdline",
+    (MU + "procgroup.py", "read_cgroup", "open"): "reads /proc/<pid>/cgroup",
+    (MU + "procgroup.py", "start_detached", "os.open"):
+        "a sidecar's log in " + HOST_ONLY_STATE + ", O_NOFOLLOW (a link is refused, never followed)",
+    (MU + "launcher.py", "read_file", "os.open"):
+        "the launch spec, env files and secret env file (job-ro, host-only): O_NOFOLLOW|O_NONBLOCK, regular files "
+        "only (fstat after the open), capped at 16 MiB; the launcher runs in the container, stdlib only, no jobtree",
+    (MU + "launcher.py", "write_json", "os.open"): "O_CREAT|O_EXCL|O_NOFOLLOW temporary file, renamed over the record",
+    (MU + "launcher.py", "main", "os.open"):
+        "job-rw/torchrun.log O_CREAT|O_APPEND|O_NOFOLLOW (a planted link fails the launch, never followed; the "
+        "launcher writes as the job's own user inside the container), and os.devnull",
+    ("library/torchrun_launch.py", "write_secret_files", "os.open"):
+        "the host-only /run/trainyard/<job> and its secrets directory O_NOFOLLOW|O_DIRECTORY, each file O_EXCL|"
+        "O_NOFOLLOW relative to it (mounted read-only into the container: never job-writable)",
     (MU + "ckpt_transfer.py", "pack", "shutil.rmtree"): "removes its own private mkdtemp directory (0700, root's)",
 }
 
@@ -78,16 +91,6 @@ ALLOWED = {
 # parsing). The coordinator removes each entry once its file reads through the layer (or moves it to ALLOWED
 # with the reason it is not a job tree).
 PENDING = {
-    (MU + "launcher.py", "write_json", "os.open"): "H2: O_TRUNC temporary file by path, no O_NOFOLLOW/O_EXCL",
-    (MU + "launcher.py", "secret_env", "open"): "H2: the secret env file opened by path (host-only; type unchecked)",
-    (MU + "launcher.py", "env_file", "open"): "H2: the env files in job-ro opened by path",
-    (MU + "launcher.py", "main", "open"): "H2: json.load(open(spec)) of the launch spec",
-    (MU + "launcher.py", "main", "os.open"):
-        "H2: job-rw/torchrun.log opened O_CREAT|O_APPEND by path, following a symlink the job planted there (the "
-        "launcher appends the job's output to the link's target, as the launcher's user); and os.devnull",
-    (MU + "procgroup.py", "start_detached", "os.open"):
-        "H2: a sidecar's log opened O_CREAT|O_APPEND by path, following a symlink",
-    (MU + "procgroup.py", "start_detached", "open"): "H2: os.devnull (move to ALLOWED with the fix above)",
 }
 
 BANNED_ATTRS = {("os", "chmod"), ("os", "chown"), ("os", "lchown"), ("shutil", "rmtree"), ("os", "walk"),

@@ -3,10 +3,14 @@
 # Written into the job's read-only directory (<state_root>/<job>/job-ro/launcher.py) and run with the job's python
 # (host or inside the training container, which mounts that directory read-only at the same path); standard library
 # only. It becomes a session leader, writes its PID, start time and the torchrun PID, runs torchrun with the
-# environment applied, forwards SIGTERM/SIGINT, records torchrun's exit status, and on the way out ends any process
-# still carrying the job's launch token (workers orphaned by an agent that was killed), so a dead agent never leaves
-# ranks hanging at a collective.
-import json, os, signal, sys, time
+# environment applied, forwards SIGTERM/SIGINT, records torchrun's exit status, and on the way out ends every process
+# the job left: it is the child subreaper of the job (prctl PR_SET_CHILD_SUBREAPER), so a process that double-forks
+# and calls setsid is re-parented to it and stays its descendant; those and any process still carrying the job's
+# launch token (workers orphaned by an agent that was killed) get SIGTERM, then (frozen with SIGSTOP first, so none
+# forks away) SIGKILL, so a dead agent never leaves ranks hanging at a collective and nothing of the job outlives it.
+import json, os, signal, stat as stat_mod, sys, time
+
+PR_SET_CHILD_SUBREAPER = 36
 
 TOKEN_ENV = "TRAINYARD_LAUNCH_ID"
 
@@ -22,9 +26,33 @@ def stat(pid):
             "start_ticks": int(rest[19])}
 
 
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+READ_CAP = 16 * 1024 * 1024
+
+
+def read_file(path):
+    """A regular file's text (no link followed, no FIFO or device opened for good: O_NONBLOCK, fstat after the open),
+    at most READ_CAP bytes, newlines as open() in text mode reads them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("%s is not a regular file" % path)
+        chunks, left = [], READ_CAP
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    finally:
+        os.close(fd)
+
+
 def write_json(path, data):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
+    """A fresh temporary file beside path (created exclusively, never through a link), renamed over it."""
+    tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o640), "w") as f:
         json.dump(data, f)
     os.rename(tmp, path)
 
@@ -32,25 +60,23 @@ def write_json(path, data):
 def secret_env(path):
     """KEY=value lines taken literally (the module checked the file: 0600, every line KEY=value)."""
     env = {}
-    with open(path) as f:
-        for line in f.read().split("\n"):
-            k, sep, v = line.rstrip("\r").partition("=")
-            if sep and k and not k.lstrip().startswith("#"):
-                env[k] = v
+    for line in read_file(path).split("\n"):
+        k, sep, v = line.rstrip("\r").partition("=")
+        if sep and k and not k.lstrip().startswith("#"):
+            env[k] = v
     return env
 
 
 def env_file(path):
     env = {}
-    with open(path) as f:
-        for raw in f.read().split("\n"):
-            line = raw.lstrip(" \t")
-            if not line.strip() or line.startswith("#"):
-                continue
-            k, sep, v = line.partition("=")
-            if not sep or not k:
-                continue
-            env[k] = v  # literally, as parse_env_file (which the module ran on this file first) reads it
+    for raw in read_file(path).split("\n"):
+        line = raw.lstrip(" \t")
+        if not line.strip() or line.startswith("#"):
+            continue
+        k, sep, v = line.partition("=")
+        if not sep or not k:
+            continue
+        env[k] = v  # literally, as parse_env_file (which the module ran on this file first) reads it
     return env
 
 
@@ -72,6 +98,84 @@ def leftovers(token, me, since):
     return out
 
 
+def become_subreaper():
+    """Make this process the child subreaper of everything below it; False where prctl is not reachable."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def descendants(me, since):
+    """(pid, start_ticks) of every live process below ``me`` (started no earlier than ``since``)."""
+    kids, stats = {}, {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = stat(int(name))
+            if st is not None:
+                stats[int(name)] = st
+                kids.setdefault(st["ppid"], []).append(int(name))
+    out, todo = [], [me]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            st = stats[c]
+            if c != me and st["start_ticks"] >= since:
+                todo.append(c)
+                if st["state"] not in ("Z", "X"):
+                    out.append((c, st["start_ticks"]))
+    return out
+
+
+def reap():
+    """Collect every exited child (orphans re-parented to this subreaper included) without blocking."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+
+
+def end_job(token, me, since, grace):
+    """End what the job left: descendants (kept by the subreaper) and processes carrying its token. SIGTERM, up to
+    ``grace`` seconds, then SIGSTOP rounds until no new process appears, then SIGKILL."""
+    def left():
+        found = dict(descendants(me, since))
+        found.update(leftovers(token, me, since))
+        return sorted(found.items())
+
+    procs = left()
+    if not procs:
+        return
+    for pid, ticks in procs:
+        kill_if_same(pid, ticks, signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and procs:
+        time.sleep(0.1)
+        reap()
+        procs = left()
+    for _ in range(20):
+        frozen = {}
+        for _ in range(20):
+            new = [(p, t) for p, t in left() if p not in frozen]
+            if not new:
+                break
+            for pid, ticks in new:
+                kill_if_same(pid, ticks, signal.SIGSTOP)
+                frozen[pid] = ticks
+        if not frozen:
+            break
+        for pid, ticks in frozen.items():
+            kill_if_same(pid, ticks, signal.SIGKILL)
+        time.sleep(0.05)
+        reap()
+
+
 def kill_if_same(pid, ticks, sig):
     st = stat(pid)
     if st is not None and st["start_ticks"] == ticks:
@@ -82,13 +186,14 @@ def kill_if_same(pid, ticks, sig):
 
 
 def main():
-    spec = json.load(open(sys.argv[1]))
+    spec = json.loads(read_file(sys.argv[1]))
     try:
         os.setsid()
     except OSError:
         pass  # already a session leader (started with start_new_session)
     me = os.getpid()
     my_ticks = stat(me)["start_ticks"]
+    subreaper = become_subreaper()
     env = dict(os.environ)
     for path in spec.get("env_files", []):
         env.update(env_file(path))
@@ -98,7 +203,8 @@ def main():
     env[TOKEN_ENV] = spec["token"]
     if not spec.get("resume_from"):
         env.pop("TRAINYARD_RESUME_FROM", None)
-    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    # The log is in job-rw (runtime docker) where the job can plant a link: never followed (the launch fails).
+    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o640)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -130,7 +236,8 @@ def main():
             break
         time.sleep(0.005)
     write_json(spec["pid_file"], {"pid": me, "pgid": os.getpgid(0), "sid": os.getsid(0), "start_ticks": my_ticks,
-                                  "child_pid": child, "child_start_ticks": child_ticks, "token": spec["token"]})
+                                  "child_pid": child, "child_start_ticks": child_ticks, "token": spec["token"],
+                                  "subreaper": subreaper})
     stopping = []
 
     def forward(signum, _frame):
@@ -144,13 +251,15 @@ def main():
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     while True:
+        # Any child: orphans re-parented to this subreaper are collected as they exit, torchrun ends the wait.
         try:
-            _, status = os.waitpid(child, 0)
-            break
+            pid, status = os.waitpid(-1, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
             status = 255 << 8
+            break
+        if pid == child:
             break
     exec_failed = bool(os.read(r, 1))
     rc = os.waitstatus_to_exitcode(status)
@@ -160,17 +269,9 @@ def main():
     sys.stdout.flush()
     write_json(spec["exit_file"], {"returncode": rc, "ended_at": time.time(), "stopped": bool(stopping),
                                    "exec_failed": exec_failed, "token": spec["token"]})
-    # Workers torchrun left behind (their agent was killed): end them so peers fail fast instead of waiting.
-    grace = float(spec.get("leftover_grace", 5))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        procs = leftovers(spec["token"], me, my_ticks)
-        if not procs:
-            break
-        for pid, ticks in procs:
-            kill_if_same(pid, ticks, sig)
-        deadline = time.time() + grace
-        while time.time() < deadline and leftovers(spec["token"], me, my_ticks):
-            time.sleep(0.1)
+    # Workers torchrun left behind (their agent was killed) and anything else the job started: end them so peers
+    # fail fast instead of waiting and nothing of this launch meets the next one.
+    end_job(spec["token"], me, my_ticks, float(spec.get("leftover_grace", 5)))
     return 0
 
 

@@ -10,9 +10,19 @@ Nothing here finds or kills a process by name. A job is identified by what the l
   alone would miss them; an agent killed with -9 leaves its workers re-parented to init, so the parent chain
   alone would miss them too).
 
+* the training container's cgroup (runtime docker): the launch records the container's id and its init process
+  (PID + start time, from the engine). While that init still runs, every process whose ``/proc/PID/cgroup`` names
+  the container and started no earlier than the launcher is the job's, except the init itself (so what the
+  container's own command started before the launch is not). The job cannot leave its cgroup (the container's cgroup
+  tree is read-only to it), so a process that double-forks, calls ``setsid`` and re-execs without the token is
+  still found.
+
 A process belongs to the job when it started no earlier than the leader and either descends from the
-verified leader or carries the token. Signals go through a pidfd opened *before* the start time is checked
-again, so a PID recycled between the scan and the signal is never hit (``os.kill`` where pidfds are missing).
+verified leader or carries the token, or sits in the recorded container's cgroup. ``find_job`` is the one rule:
+the launch module's stop and status, ``job_reset`` and ``port_check`` all use it. Signals go through a pidfd
+opened *before* the start time is checked again, so a PID recycled between the scan and the signal is never hit
+(``os.kill`` where pidfds are missing); ``terminate`` freezes the set with SIGSTOP before it SIGKILLs, so nothing
+forks away mid-kill.
 
 Used by the launch module (status/stop), the launcher it writes next to the job, and reset.
 """
@@ -124,6 +134,81 @@ def read_cmdline(pid, proc=PROC):
     return [a.decode("utf-8", "replace") for a in data.split(b"\0")[:-1]] if data else []
 
 
+_CONTAINER_ID_CHARS = frozenset("0123456789abcdef")
+
+
+def valid_container_id(cid):
+    """A full container id as the engine reports it (64 lowercase hex digits); anything shorter could match a
+    foreign cgroup by accident."""
+    return isinstance(cid, str) and len(cid) == 64 and set(cid) <= _CONTAINER_ID_CHARS
+
+
+def parse_cgroup(text):
+    """The cgroup paths of /proc/PID/cgroup text (``hierarchy:controllers:path`` lines, v1 and v2)."""
+    out = []
+    for line in (text or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2]:
+            out.append(parts[2])
+    return out
+
+
+def read_cgroup(pid, proc=PROC):
+    """The cgroup paths of a live PID; None when it cannot be read (gone)."""
+    try:
+        with open("%s/%d/cgroup" % (proc, int(pid)), "r") as f:
+            return parse_cgroup(f.read(64 * 1024))
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def in_container_cgroup(paths, container_id):
+    """Whether cgroup ``paths`` put a process inside the container ``container_id``: a path component names the
+    full id (``/docker/<id>``, ``/system.slice/docker-<id>.scope``, a sub-cgroup below either)."""
+    if not paths or not valid_container_id(container_id):
+        return False
+    for path in paths:
+        for comp in path.split("/"):
+            if comp == container_id or comp.endswith("-%s.scope" % container_id):
+                return True
+    return False
+
+
+def container_record(state):
+    """(container_id, init_pid, init_ticks) a launch state records for runtime docker, or None (no container, an
+    older record, or wrong types: then the cgroup rule does not apply)."""
+    if not isinstance(state, dict):
+        return None
+    cid, pid, ticks = state.get("container_id"), state.get("container_init_pid"), state.get("container_init_ticks")
+    if not valid_container_id(cid):
+        return None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or not isinstance(ticks, int) \
+            or isinstance(ticks, bool):
+        return None
+    return cid, pid, ticks
+
+
+def container_members(record, stats, cgroup_of=None, since=None):
+    """The processes of ``stats`` inside the recorded container while its recorded init still runs (same PID and
+    start time), the init excluded, started no earlier than ``since`` (the launcher's start: what the container's
+    own command started before the launch is not the job's). A container restarted since (a new init) has none:
+    its processes then are not the recorded job's."""
+    if record is None:
+        return []
+    if cgroup_of is None:
+        cgroup_of = read_cgroup
+    cid, init_pid, init_ticks = record
+    by_pid = {st.pid: st for st in stats}
+    init = by_pid.get(init_pid)
+    if init is None or init.start_ticks != init_ticks or init.state in ("Z", "X", "x"):
+        return []
+    if not in_container_cgroup(cgroup_of(init_pid), cid):
+        return []  # the init is not where the record says: trust neither
+    floor = max(init_ticks, since if isinstance(since, int) and not isinstance(since, bool) else init_ticks)
+    return [st for st in stats if st.pid != init_pid and st.state not in ("Z", "X", "x")
+            and st.start_ticks >= floor and in_container_cgroup(cgroup_of(st.pid), cid)]
+
+
 def all_stats(proc=PROC):
     """ProcStat of every process visible in /proc (threads are not listed there)."""
     out = []
@@ -193,16 +278,20 @@ def select_job(stats, leader_pid, leader_ticks, token=None, environ_of=None, inc
     return sorted(result, key=lambda s: s.pid)
 
 
-def recorded_job(state, stats, environ_of=None):
+def recorded_job(state, stats, environ_of=None, cgroup_of=None, sidecars=True):
     """The processes of the job a launch state file records (launch.json: pid, start_ticks, token, pgid, and the
     same for each sidecar): for each leader, select_job, plus the members of its process group or session while
-    that leader is still the process that started at its start_ticks. ``stats``: a list of ProcStat.
-    Returns live ProcStat objects sorted by PID."""
+    that leader is still the process that started at its start_ticks, plus (runtime docker) every process in the
+    recorded container's cgroup but its init (container_members). ``stats``: a list of ProcStat.
+    ``sidecars=False`` leaves the sidecars out. Returns live ProcStat objects sorted by PID."""
     if not isinstance(state, dict):
         return []
     by_pid = {st.pid: st for st in stats}
     chosen = {}
-    for entry in [state] + [sc for sc in state.get("sidecars") or [] if isinstance(sc, dict)]:
+    for st in container_members(container_record(state), stats, cgroup_of, state.get("start_ticks")):
+        chosen[st.pid] = st
+    entries = [state] + ([sc for sc in state.get("sidecars") or [] if isinstance(sc, dict)] if sidecars else [])
+    for entry in entries:
         try:
             pid, ticks, pgid = int(entry.get("pid") or 0), int(entry["start_ticks"]), int(entry.get("pgid") or 0)
         except (KeyError, TypeError, ValueError):
@@ -218,6 +307,63 @@ def recorded_job(state, stats, environ_of=None):
                         and st.state not in ("Z", "X", "x"):
                     chosen[st.pid] = st
     return [chosen[p] for p in sorted(chosen)]
+
+
+def find_job(states, proc=PROC, exclude=(), sidecars=True):
+    """The live processes of the jobs the launch ``states`` record (launch.json dicts) on this machine: the one
+    rule of "which processes are this job's" (recorded_job over one /proc scan), used by the launch's stop and
+    status, ``job_reset`` and ``port_check``. PIDs in ``exclude`` (the caller and its ancestors) are never
+    returned. ProcStat objects sorted by PID."""
+    stats = all_stats(proc)
+    env_of = (lambda pid: read_environ(pid, proc))
+    cg_of = (lambda pid: read_cgroup(pid, proc))
+    chosen = {}
+    for state in states:
+        for st in recorded_job(state, stats, env_of, cg_of, sidecars):
+            if st.pid not in exclude:
+                chosen[st.pid] = st
+    return [chosen[p] for p in sorted(chosen)]
+
+
+def job_ranks(state, stats, environ_of=None, limit=None):
+    """The ranks of the job ``state`` records, from /proc only: the direct children of the torchrun agent the
+    launch recorded (``torchrun_pid``, verified by its start time ``torchrun_start_ticks`` when recorded, and as
+    a child of the verified launcher), with integer ``RANK`` and ``LOCAL_RANK`` in their environment, one per local
+    rank below ``limit`` (the launch's nproc_per_node). Any other process the job starts, whatever its environment,
+    is no rank. Returns [{rank, local_rank, pid, start_ticks, state}] sorted by rank."""
+    if environ_of is None:
+        environ_of = read_environ
+    if not isinstance(state, dict):
+        return []
+    by_pid = {st.pid: st for st in stats}
+    try:
+        lpid, lticks, apid = int(state["pid"]), int(state["start_ticks"]), int(state.get("torchrun_pid") or 0)
+    except (KeyError, TypeError, ValueError):
+        return []
+    leader, agent = by_pid.get(lpid), by_pid.get(apid)
+    aticks = state.get("torchrun_start_ticks")
+    if leader is None or leader.start_ticks != lticks or agent is None or agent.ppid != lpid \
+            or agent.start_ticks < lticks:
+        return []
+    if isinstance(aticks, int) and not isinstance(aticks, bool) and agent.start_ticks != aticks:
+        return []
+    out = []
+    for st in stats:
+        if st.ppid != apid or st.start_ticks < agent.start_ticks or st.state in ("Z", "X", "x"):
+            continue
+        env = environ_of(st.pid) or {}
+        try:
+            rank, local = int(env["RANK"]), int(env["LOCAL_RANK"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if rank < 0 or local < 0 or (limit is not None and local >= int(limit)):
+            continue
+        out.append({"rank": rank, "local_rank": local, "pid": st.pid, "start_ticks": st.start_ticks,
+                    "state": st.state})
+    one = {}
+    for c in sorted(out, key=lambda c: (c["start_ticks"], c["pid"])):
+        one.setdefault(c["local_rank"], c)  # torchrun starts one worker per local rank
+    return sorted(one.values(), key=lambda c: (c["rank"], c["pid"]))
 
 
 def recorded_alive(state, proc=PROC):
@@ -318,7 +464,7 @@ def terminate(find, grace=10.0, poll=0.1, kill_after=True, sleep=time.sleep, clo
         sleep(poll)
     if kill_after:
         for _ in range(50):
-            procs = find()
+            procs = freeze(find)
             if not procs:
                 break
             for st in procs:
@@ -329,17 +475,34 @@ def terminate(find, grace=10.0, poll=0.1, kill_after=True, sleep=time.sleep, clo
     return {"terminated": sorted(termed), "killed": sorted(killed), "remaining": remaining}
 
 
+def freeze(find, rounds=20):
+    """SIGSTOP every process ``find()`` returns, again and again until a scan finds none that is not stopped yet
+    (a stopped process cannot fork), so the set is complete before it is killed. Returns the ProcStat of every
+    process stopped or found."""
+    frozen = {}
+    for _ in range(rounds):
+        new = [st for st in find() if st.pid not in frozen]
+        if not new:
+            break
+        for st in new:
+            signal_process(st.pid, st.start_ticks, signal.SIGSTOP)
+            frozen[st.pid] = st
+    return [frozen[p] for p in sorted(frozen)]
+
+
 def start_detached(argv, log_path=None, cwd=None, env=None):
     """Start argv in a new session (its own process group) with stdin from /dev/null and output appended to
     log_path (or /dev/null); it outlives the caller. Returns (pid, start_ticks)."""
     # The log may carry the job's command line and output: readable by its owner and group only.
-    out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640), "ab") if log_path \
-        else open(os.devnull, "wb")
+    # A sidecar's log is in the host-only directory; a link there is refused all the same (never followed).
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640) \
+        if log_path else subprocess.DEVNULL
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                              env=env, close_fds=True, start_new_session=True)
     finally:
-        out.close()
+        if log_path:
+            os.close(out)
     ticks = None
     for _ in range(50):
         ticks = start_ticks(p.pid)
