@@ -3,9 +3,8 @@
 The product's Python is parsed (ast) and, in the modules that handle job trees (JOB_TREE_MODULES), any of these
 outside jobtree.py fails the test: a path-based ``open()``/``os.open()`` (no ``dir_fd``), ``os.chmod``,
 ``os.chown``/``os.lchown``, ``shutil.rmtree``, ``os.walk`` and ``mmap``. Each remaining use is named in ALLOWED
-with the reason it is safe (reading /proc, a host-only root-owned file), or in PENDING: offenders in files other
-engineers own, each to be converted and then removed from the list (the test fails on a stale entry too, so the
-lists only shrink). Every product file that mentions a job tree is classified, so a new one cannot slip by.
+with the reason it is safe (reading /proc, a host-only root-owned file); the test fails on a stale entry too, so
+the list only shrinks. Every product file that mentions a job tree is classified, so a new one cannot slip by.
 """
 
 from __future__ import annotations
@@ -86,12 +85,6 @@ ALLOWED = {
     (MU + "ckpt_transfer.py", "pack", "shutil.rmtree"): "removes its own private mkdtemp directory (0700, root's)",
 }
 
-# Offenders in files owned by other engineers of this change (H2: procgroup, launcher, torchrun_launch process
-# parts, job_progress; H3: job_collect, collect_bundle, ckpt_transfer, checkpoint_*, recover, torchrun's log
-# parsing). The coordinator removes each entry once its file reads through the layer (or moves it to ALLOWED
-# with the reason it is not a job tree).
-PENDING = {
-}
 
 BANNED_ATTRS = {("os", "chmod"), ("os", "chown"), ("os", "lchown"), ("shutil", "rmtree"), ("os", "walk"),
                 ("mmap", "mmap")}
@@ -170,12 +163,12 @@ def test_job_tree_code_touches_trees_only_through_the_layer():
         for func, call, line in offenders(rel):
             key = (rel, func, call)
             seen.add(key)
-            if key not in ALLOWED and key not in PENDING:
+            if key not in ALLOWED:
                 bad.append("%s:%d %s() calls %s" % (rel, line, func, call))
     assert not bad, ("path-based access in code that handles job trees: use module_utils/jobtree.py (or, where "
                      "it is not a job tree, add the call to ALLOWED with the reason):\n" + "\n".join(bad))
-    stale = sorted(k for k in list(ALLOWED) + list(PENDING) if k not in seen)
-    assert not stale, "no longer offending: remove from ALLOWED/PENDING: %s" % stale
+    stale = sorted(k for k in ALLOWED if k not in seen)
+    assert not stale, "no longer offending: remove from ALLOWED: %s" % stale
 
 
 def test_the_scan_catches_what_it_is_meant_to(tmp_path):
