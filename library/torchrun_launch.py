@@ -339,6 +339,7 @@ import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
+from ansible_collections.trainyard.core.plugins.module_utils import failfast as failfast_script
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
@@ -634,6 +635,8 @@ class Launch(object):
         secret_file = self.p["secret_env_file"] if name == "torchrun" else ""
         spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
                 "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
+        if name == "torchrun":
+            spec["failfast"] = self.failfast_spec()
         if secret_file and runtime != "docker":
             spec["secret_env_file"] = secret_file  # the path; the launcher reads the values
         tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
@@ -666,6 +669,13 @@ class Launch(object):
                                  "was recorded. Something in the job wrote it: check the training image, then "
                                  "ansible-playbook reset.yml" % (name, pid_path, e), **self.result)
         return checked, exit_path
+
+    def failfast_spec(self):
+        """The launcher's cross-node fail-fast settings (module_utils/failfast.py): the head's store, this node's
+        rank, the job's private key prefix; None for a single node."""
+        p = self.p
+        return failfast_script.spec_for(p["nnodes"], p["node_rank"], p["master_addr"], p["master_port"], self.job,
+                                        p["rdzv_id"], grace_s=min(float(p["stop_timeout"]), 5.0))
 
     def check_plan(self, action, reason, resume=""):
         """Check mode: what the run would do on this node (result key plan)."""
@@ -796,6 +806,7 @@ class Launch(object):
                                      % (src, dst, e.strerror), **self.result)
         # launcher.py's own text (AnsiballZ ships it inside this module's payload, beside the other module utils).
         tr.write_atomic(os.path.join(self.ro_dir, tr.LAUNCHER_FILE), inspect.getsource(launcher_script), 0o755)
+        tr.write_atomic(os.path.join(self.ro_dir, failfast_script.FILE), inspect.getsource(failfast_script), 0o644)
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")

@@ -81,6 +81,44 @@ def kill_if_same(pid, ticks, sig):
             pass
 
 
+def say(line):
+    sys.stdout.write("trainyard-launch: %s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
+    sys.stdout.flush()
+
+
+def failfast_watch(spec, child):
+    """The cross-node fail-fast watcher (failfast.py, written beside this file) for a multi-node job, or None."""
+    if not spec.get("failfast"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "failfast.py")
+    try:
+        import importlib.util
+        loader = importlib.util.spec_from_file_location("trainyard_failfast", path)
+        mod = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(mod)
+    except (ImportError, OSError, SyntaxError) as e:
+        say("fail-fast watcher off: cannot load %s: %s" % (path, e))
+        return None
+    return mod.watch(spec, child, say)
+
+
+def failfast_finish(watcher, spec, rc, operator_stop):
+    """After torchrun exited: the watcher publishes this node's own failure; its record for launch.exit.json."""
+    if watcher is None:
+        return None
+    return watcher.publish(rc, watcher_log_tail(spec.get("log")), operator_stop)
+
+
+def watcher_log_tail(path, limit=256 * 1024):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", "replace")
+    except (OSError, TypeError):
+        return ""
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     try:
@@ -143,6 +181,7 @@ def main():
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    watcher = failfast_watch(spec, child)
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -158,8 +197,10 @@ def main():
         time.strftime("%Y-%m-%dT%H:%M:%S"), spec.get("name", "job"),
         "signal %d" % -rc if rc < 0 else "code %d" % rc))
     sys.stdout.flush()
+    failfast = failfast_finish(watcher, spec, rc, bool(stopping))
     write_json(spec["exit_file"], {"returncode": rc, "ended_at": time.time(), "stopped": bool(stopping),
-                                   "exec_failed": exec_failed, "token": spec["token"]})
+                                   "exec_failed": exec_failed, "token": spec["token"],
+                                   "peer_stop": (failfast or {}).get("peer_stop"), "failfast": failfast})
     # Workers torchrun left behind (their agent was killed): end them so peers fail fast instead of waiting.
     grace = float(spec.get("leftover_grace", 5))
     for sig in (signal.SIGTERM, signal.SIGKILL):
