@@ -329,7 +329,7 @@ class ContainerAcceptance:
         a, f = self.a, self.a.results["figures"]
         rc, _, _ = a.playbook("nccl-defaults", "playbooks/nccl_check.yml", inventory=self.inv,
                               extra={"nccl_env_nsocks_perthread": 0, "nccl_env_socket_nthreads": 0,
-                                     "nccl_env_path": "{{ cluster_state_dir }}/nccl-defaults.env"})
+                                     "nccl_env_path": "{{ cluster_state_dir }}/{{ cluster_job_name }}/job-ro/nccl-defaults.env"})
         rec = a.records("nccl-defaults", "nccl_check.inter_node").get(self.hosts[0]) or {}
         f["inter_busbw_nccl_defaults_gbps"] = (rec.get("data") or {}).get("busbw_gbps")
         a.check("nccl-defaults", rc == 0, rec.get("detail", "no record"))

@@ -59,6 +59,8 @@ def inventory(out: Path, runtime: str, nodes: int, gpus_per_node: int, ngpu: int
              "nvidia_driver_allow_shared_gpus": shared,
              # within a node NVLink (P2P) and shared memory, unless the nodes share their GPUs
              "nccl_env_p2p_disable": shared, "nccl_env_shm_disable": shared}
+    if not shared:  # the NCCL check at the size of the plain all-reduce it is compared with (1 GiB)
+        group.update(nccl_check_size_mb=1024, nccl_check_min_inter_busbw_gbps=1.0)
     doc = {"all": {"children": {"trainers": {"hosts": hosts, "vars": group}},
                    "vars": {"ansible_connection": "local",
                             "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}
