@@ -9,8 +9,8 @@ NVLink (P2P and SHM stay on) and crosses nodes over its socket transport, as bet
 machine has fewer GPUs than N x G, every node uses the same GPU(s) (`nvidia_driver_allow_shared_gpus`; P2P and SHM
 off), the layout of tests/gpu/two-nodes and two-nodes-container.
 
-The base variables are those inventories' group_vars/all.yml (copied); the generated hosts.yml puts the shape's
-own variables on the trainers group, which wins over all.
+The base variables are those inventories' group_vars/all.yml (copied); the shape's own variables go into
+group_vars/trainers.yml, which wins over all.yml (hosts.yml's own group vars would not: they rank below it).
 """
 
 from __future__ import annotations
@@ -61,7 +61,12 @@ def inventory(out: Path, runtime: str, nodes: int, gpus_per_node: int, ngpu: int
              "nccl_env_p2p_disable": shared, "nccl_env_shm_disable": shared}
     if not shared:  # the NCCL check at the size of the plain all-reduce it is compared with (1 GiB)
         group.update(nccl_check_size_mb=1024, nccl_check_min_inter_busbw_gbps=1.0)
-    doc = {"all": {"children": {"trainers": {"hosts": hosts, "vars": group}},
+    # group_vars/trainers.yml: a file of the inventory's group_vars outranks group_vars/all.yml (the base); vars in
+    # hosts.yml itself would not (inventory-file group vars rank below every group_vars file)
+    (inv / "group_vars" / "trainers.yml").write_text(
+        "---\n# The shape's own variables (tests/gpu/shape.py), over group_vars/all.yml.\n"
+        + yaml.safe_dump(group, sort_keys=False))
+    doc = {"all": {"children": {"trainers": {"hosts": hosts}},
                    "vars": {"ansible_connection": "local",
                             "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}
     (inv / "hosts.yml").write_text("---\n# Written by tests/gpu/shape.py: %d node(s) x %d GPU(s), runtime %s%s.\n"
