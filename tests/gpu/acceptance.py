@@ -118,7 +118,9 @@ class Acceptance:
         return self.root / f"node{rank}" / what
 
     def log_of(self, rank: int) -> str:
-        path = self.node_dir(rank, "state") / "gpu-accept" / "torchrun.log"
+        path = self.node_dir(rank, "state") / "gpu-accept" / "job-rw" / "torchrun.log"  # the job-writable part
+        if not path.exists():
+            path = self.node_dir(rank, "state") / "gpu-accept" / "torchrun.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def complete_steps(self, rank: int) -> list[int]:
@@ -178,15 +180,18 @@ class Acceptance:
                     found.append(kid)
         return sorted(found)
 
-    def peer_stop(self, rank: int) -> str:
-        """Why node rank's job ended when the fail-fast watcher stopped it (its launch.exit.json), else ''."""
-        path = self.node_dir(rank, "state") / "gpu-accept" / "job-rw" / "launch.exit.json"
-        if not path.exists():
-            path = self.node_dir(rank, "state") / "gpu-accept" / "launch.exit.json"
-        try:
-            return (json.loads(path.read_text()).get("peer_stop") or {}).get("reason", "")
-        except (OSError, ValueError):
+    def peer_stop(self, rank: int, wait: float = 10) -> str:
+        """Why node rank's job ended when the fail-fast watcher stopped it (its launch.exit.json), else ''. The
+        launcher writes the record after its ranks ended: wait for it a little."""
+        def read():
+            for path in (self.node_dir(rank, "state") / "gpu-accept" / "job-rw" / "launch.exit.json",
+                         self.node_dir(rank, "state") / "gpu-accept" / "launch.exit.json"):
+                try:
+                    return (json.loads(path.read_text()).get("peer_stop") or {}).get("reason", "")
+                except (OSError, ValueError):
+                    continue
             return ""
+        return self.wait(read, wait, 0.2) or ""
 
     def sizes(self) -> int:
         total = 0
