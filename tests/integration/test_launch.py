@@ -145,6 +145,10 @@ def test_kill_one_rank_status_names_it_and_survivors_exit(job):
         {n: log_of(job, n)[-2000:] for n in survivors}
     for node in survivors:
         log = log_of(job, node)
+        # Either the survivor's own collective failed first (torchrun's report of its rank's communication error),
+        # or the product's fail-fast watcher stopped it and its launcher said why (module_utils/failfast.py).
+        if "stopped because node rank 1 failed: rank 1 (local rank 0), exit code -9 (SIGKILL)" in log:
+            continue
         assert "ChildFailedError" in log, log[-3000:]
         assert COMM_ERROR.search(log.split("ChildFailedError", 1)[1]), log[-3000:]
     r = status_play(job)
