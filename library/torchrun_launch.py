@@ -25,6 +25,10 @@ description:
     it. Stopping sends SIGTERM to every process of the job and its sidecars, SIGKILL after C(stop_timeout).
   - C(state=status) reports running/finished/failed, the last log line, and torchrun's first observed failure
     (rank, exit code, signal) with the log tail.
+  - "Fail fast across nodes (C(nnodes) > 1, not elastic): the launcher joins, as a plain client, the store the head's
+    torchrun serves at C(master_addr:master_port). A node whose torchrun fails records its root cause there; every
+    other node's launcher then stops its own torchrun within seconds (also when the head's store has been gone for
+    5 s), and its exit record (C(peer_stop)) says why; C(state=status) returns it under C(exit)."
 version_added: "1.0.0"
 author: trainyard
 extends_documentation_fragment: [trainyard.core.attributes.job]
@@ -675,7 +679,8 @@ class Launch(object):
         rank, the job's private key prefix; None for a single node."""
         p = self.p
         return failfast_script.spec_for(p["nnodes"], p["node_rank"], p["master_addr"], p["master_port"], self.job,
-                                        p["rdzv_id"], grace_s=min(float(p["stop_timeout"]), 5.0))
+                                        p["rdzv_id"], grace_s=min(float(p["stop_timeout"]), 5.0),
+                                        min_nnodes=p["min_nnodes"])
 
     def check_plan(self, action, reason, resume=""):
         """Check mode: what the run would do on this node (result key plan)."""

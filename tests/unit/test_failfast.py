@@ -30,6 +30,7 @@ TWO = (REPO / "tests/data/torchrun/failed_record_two_ranks.log").read_text()
 
 def test_spec_for_one_node_is_none_and_for_several_names_the_heads_store():
     assert ff.spec_for(1, 0, "10.0.0.1", 29500, "train") is None
+    assert ff.spec_for(4, 1, "10.0.0.1", 29500, "train", min_nnodes=2) is None  # elastic: survives a lost node
     s = ff.spec_for(2, 1, "10.0.0.1", 29500, "train", "r1", grace_s=3)
     assert s == {"host": "10.0.0.1", "port": 29500, "node_rank": 1, "prefix": "trainyard-failfast/train/r1/",
                  "poll_s": 1.0, "lost_s": 5.0, "grace_s": 3.0}

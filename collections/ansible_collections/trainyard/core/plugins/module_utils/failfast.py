@@ -38,10 +38,12 @@ _HOST = re.compile(r"^\s*host\s*:\s*(\S+)", re.M)
 _SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
-def spec_for(nnodes, node_rank, master_addr, master_port, job, rdzv_id="", poll_s=1.0, lost_s=5.0, grace_s=5.0):
+def spec_for(nnodes, node_rank, master_addr, master_port, job, rdzv_id="", poll_s=1.0, lost_s=5.0, grace_s=5.0,
+             min_nnodes=0):
     """The launcher spec's `failfast` section (torchrun_launch writes it), or None where there is nothing to watch
-    (one node: torchrun itself stops the node's other ranks)."""
-    if int(nnodes or 1) < 2 or not master_addr:
+    (one node: torchrun itself stops the node's other ranks) or where the job must outlive a node (an elastic job,
+    min_nnodes set: the other nodes' agents rendezvous again without it)."""
+    if int(nnodes or 1) < 2 or not master_addr or int(min_nnodes or 0):
         return None
     return {"host": str(master_addr), "port": int(master_port), "node_rank": int(node_rank),
             "prefix": "trainyard-failfast/%s/%s/" % (job, rdzv_id or "-"),
