@@ -156,7 +156,7 @@ def test_kill_one_rank_status_names_it_and_survivors_exit(job):
     assert f"first failure: node {victim} (node rank 1), rank 1 (local rank 0), exit code -9 (SIGKILL)" in r.stdout, \
         r.stdout[-4000:]
     for node in job.nodes:
-        assert re.search(rf"{node}\s+rank \d\s+failed", r.stdout)
+        assert re.search(rf"{node}\s+rank \d\s+failed", r.stdout), r.stdout[-5000:]
 
 
 def test_relaunch_resumes_from_the_last_complete_checkpoint(job):

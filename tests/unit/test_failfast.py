@@ -169,3 +169,24 @@ def test_the_launcher_stops_its_torchrun_and_records_why(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_publishing_after_the_heads_store_went_returns_at_once():
+    """The head's own failure (its torchrun served the store and took it along): the launcher must not sit in
+    connection retries before it writes its exit record (status.yml would show the node running meanwhile)."""
+    master = master_store()
+    (a, wa), (b, wb) = two_watchers(master.port, 0, 1)
+    try:
+        del master
+        a.kill()
+        a.wait()
+        time.sleep(1)  # the watcher has seen the store go
+        t0 = time.monotonic()
+        rec = wa.publish(-9, REPORT, operator_stop=False)
+        assert time.monotonic() - t0 < 3.5
+        assert rec["published"] is False
+        wb.publish(0, "", operator_stop=False)
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()

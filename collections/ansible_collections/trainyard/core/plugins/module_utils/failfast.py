@@ -139,7 +139,7 @@ class Watcher(object):
             try:
                 with self.lock:
                     if self.store is None:
-                        self.store = self.connect(max(1.0, min(poll * 2, 3.0)))
+                        self.store = self.connect(1.0)  # torch retries within it: about 2.5 s to a dead port
                     raw = self.store.get(self.key) if self.store.check([self.key]) else None
                 if not self.reached:
                     self.say("fail-fast watcher joined the head's store %s:%s" % (self.cfg["host"], self.cfg["port"]))
@@ -189,7 +189,7 @@ class Watcher(object):
         Returns the `failfast` part of the exit record."""
         self.done.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(10)  # its store call in flight ends within its timeout (3 s)
+            self.thread.join(3)  # a store call in flight ends within its timeout (a connect: about 2.5 s)
         record = {"peer_stop": self.peer_stop}
         if self.note:
             record["note"] = self.note
@@ -200,10 +200,12 @@ class Watcher(object):
         failure.setdefault("exitcode", returncode)
         if returncode < 0 and "signal" not in failure and failure.get("rank") is None:
             failure["signal"] = _SIGNAMES.get(-returncode, "signal %d" % -returncode)
+        if self.store is None:  # unreachable (the head's torchrun, which served it, ended): the others see it lost
+            record.update(published=False, note="the head's store was unreachable: not published")
+            return record
         try:
             with self.lock:
-                store = self.store or self.connect(2.0)
-                first = store.compare_set(self.key, "", json.dumps(failure))
+                first = self.store.compare_set(self.key, "", json.dumps(failure))
             first = json.loads(first.decode() if isinstance(first, bytes) else first)
             record["published"] = first.get("node_rank") == self.cfg["node_rank"]
         except Exception as e:  # the head's store is gone (this is the head, or it ended too): the others see it lost
