@@ -25,6 +25,10 @@ description:
     it. Stopping sends SIGTERM to every process of the job and its sidecars, SIGKILL after C(stop_timeout).
   - C(state=status) reports running/finished/failed, the last log line, and torchrun's first observed failure
     (rank, exit code, signal) with the log tail.
+  - "Fail fast across nodes (C(nnodes) > 1, not elastic): the launcher joins, as a plain client, the store the head's
+    torchrun serves at C(master_addr:master_port). A node whose torchrun fails records its root cause there; every
+    other node's launcher then stops its own torchrun within seconds (also when the head's store has been gone for
+    5 s), and its exit record (C(peer_stop)) says why; C(state=status) returns it under C(exit)."
 version_added: "1.0.0"
 author: trainyard
 extends_documentation_fragment: [trainyard.core.attributes.job]
@@ -375,6 +379,7 @@ import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
+from ansible_collections.trainyard.core.plugins.module_utils import failfast as failfast_script
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
@@ -790,6 +795,8 @@ class Launch(object):
         secret_file = self.p["secret_env_file"] if name == "torchrun" and self.p["secret_env_mode"] == "env" else ""
         spec = {"name": name, "argv": argv, "env": env, "env_files": env_files, "log": log, "chdir": chdir or "",
                 "token": token, "pid_file": pid_path, "exit_file": exit_path, "resume_from": resume or ""}
+        if name == "torchrun":
+            spec["failfast"] = self.failfast_spec()
         if secret_file and runtime != "docker":
             spec["secret_env_file"] = secret_file  # the path; the launcher reads the values
         tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
@@ -822,6 +829,14 @@ class Launch(object):
                                  "was recorded. Something in the job wrote it: check the training image, then "
                                  "ansible-playbook reset.yml" % (name, pid_path, e), **self.result)
         return checked, exit_path
+
+    def failfast_spec(self):
+        """The launcher's cross-node fail-fast settings (module_utils/failfast.py): the head's store, this node's
+        rank, the job's private key prefix; None for a single node."""
+        p = self.p
+        return failfast_script.spec_for(p["nnodes"], p["node_rank"], p["master_addr"], p["master_port"], self.job,
+                                        p["rdzv_id"], grace_s=min(float(p["stop_timeout"]), 5.0),
+                                        min_nnodes=p["min_nnodes"])
 
     def check_plan(self, action, reason, resume=""):
         """Check mode: what the run would do on this node (result key plan)."""
@@ -968,6 +983,7 @@ class Launch(object):
             if why:
                 self.m.warn("job %s: processes are not tracked by the container's cgroup (%s); a process that leaves "
                             "the launcher's tree without the token may survive a stop" % (self.job, why))
+        tr.write_atomic(os.path.join(self.ro_dir, failfast_script.FILE), inspect.getsource(failfast_script), 0o644)
         started_at = time.time()
         data, exit_path = self.spawn("torchrun", command, env, list(p["env_files"]), self.log, p["runtime"],
                                      p["chdir"], resume, token, "")

@@ -248,8 +248,96 @@ class ContainerAcceptance:
 
     def __init__(self, acc, engine: Engine, work: Path):
         self.a, self.engine, self.work = acc, engine, work
-        self.inv = "tests/gpu/two-nodes-container"
+        self.inv = acc.inv
+        self.hosts = (acc.shape or {}).get("hosts") or ["gpu-node0", "gpu-node1"]
+        self.last = len(self.hosts) - 1  # the node whose rank is killed
         acc.env.update(PATH=engine.env["PATH"], LD_LIBRARY_PATH=engine.env["LD_LIBRARY_PATH"])
+
+    # ---------------------------------------------------------------- several GPUs per node (a shape, shape.py)
+    def own_gpus(self) -> bool:
+        return bool(self.a.shape) and not self.a.shape["shared_gpus"] and len(self.a.shape["devices"][0]) > 1
+
+    def plain_allreduce(self) -> None:
+        """A plain torch.distributed all-reduce on node 0's GPUs, on the host, before anything else uses them: the
+        reference for the NCCL check's intra-node figure; and the NVLink limit of one GPU (nvidia-smi nvlink -s)."""
+        a, f = self.a, self.a.results["figures"]
+        devs = ",".join(map(str, a.shape["devices"][0]))
+        env = dict(a.env, CUDA_VISIBLE_DEVICES=devs)
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                            str(len(a.shape["devices"][0])), str(REPO / "tests/gpu/plain_allreduce.py"), "1024"],
+                           cwd=REPO, env=env, capture_output=True, text=True)
+        (a.out / "plain-allreduce.log").write_text(r.stdout + r.stderr)
+        m = re.search(r"plain-allreduce:.*?busbw_gbps=([\d.]+)", r.stdout + r.stderr)
+        f["intra_plain_busbw_gbps"] = float(m.group(1)) if m else None
+        links = subprocess.run(["nvidia-smi", "nvlink", "-s", "-i", str(a.shape["devices"][0][0])],
+                               capture_output=True, text=True).stdout
+        (a.out / "nvlink-status.txt").write_text(links)
+        speeds = [float(x) for x in re.findall(r"Link \d+: ([\d.]+) GB/s", links)]
+        f["nvlink_links"] = len(speeds)
+        f["nvlink_limit_gbps"] = round(sum(speeds), 1) if speeds else None
+
+    def rank_pids(self) -> dict:
+        """{(node, RANK, LOCAL_RANK): pid} of every rank process of the job (the containers share the host's PIDs)."""
+        out = {}
+        for i in range(len(self.hosts)):
+            for pid in self.ranks(int(self.launch_state(i).get("pid", 0) or 0)):
+                try:
+                    env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                               if b"=" in x)
+                except OSError:
+                    continue
+                out[(i, int(env.get(b"RANK", b"-1")), int(env.get(b"LOCAL_RANK", b"-1")))] = pid
+        return out
+
+    def launch_map_check(self) -> None:
+        """Every rank on the GPU the launch map names (nvidia_driver.gpu_map: node, local rank -> GPU UUID): what
+        nvidia-smi shows each rank's process using, read against the RANK/LOCAL_RANK in that process's environment."""
+        a = self.a
+        want_ranks = len(self.hosts) * len(a.shape["devices"][0])
+        seen = {}
+
+        def using():
+            pids = self.rank_pids()
+            apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                                  capture_output=True, text=True).stdout
+            by_pid = {}
+            for line in apps.splitlines():
+                parts = [x.strip() for x in line.split(",")]
+                if len(parts) == 2 and parts[0].isdigit():
+                    by_pid.setdefault(int(parts[0]), set()).add(parts[1])
+            seen.clear()
+            seen.update({k: sorted(by_pid.get(pid, ())) for k, pid in pids.items()})
+            return len(seen) == want_ranks and all(seen.values())
+        a.wait(using, 120, 1)
+        gmap = a.records("site", "nvidia_driver.gpu_map")
+        rows, ok = [], len(seen) == want_ranks
+        for (node, rank, local), uuids in sorted(seen.items()):
+            planned = {m["local_rank"]: m["uuid"] for m in
+                       ((gmap.get(self.hosts[node]) or {}).get("data") or {}).get("gpu_map") or []}
+            match = uuids == [planned.get(local)]
+            ok &= match
+            rows.append({"node": self.hosts[node], "rank": rank, "local_rank": local, "planned": planned.get(local),
+                         "used": uuids, "match": match})
+        a.results["launch_map"] = rows
+        a.check("launch_map", ok, f"{sum(r['match'] for r in rows)} of {want_ranks} ranks on the GPU the launch map "
+                f"names: " + "; ".join(f"{r['node']} rank {r['rank']}/local {r['local_rank']} -> "
+                                       f"{(r['used'] or ['none'])[0][:12]}" for r in rows))
+
+    def socket_defaults(self) -> None:
+        """The NCCL check again with NCCL's own socket defaults (no NSOCKS/NTHREADS lines), for the tcp profile's
+        ratio; each node's env file in its own state directory."""
+        a, f = self.a, self.a.results["figures"]
+        rc, _, _ = a.playbook("nccl-defaults", "playbooks/nccl_check.yml", inventory=self.inv,
+                              extra={"nccl_env_nsocks_perthread": 0, "nccl_env_socket_nthreads": 0,
+                                     "nccl_env_path": "{{ cluster_state_dir }}/{{ cluster_job_name }}/job-ro/nccl-defaults.env"})
+        rec = a.records("nccl-defaults", "nccl_check.inter_node").get(self.hosts[0]) or {}
+        f["inter_busbw_nccl_defaults_gbps"] = (rec.get("data") or {}).get("busbw_gbps")
+        a.check("nccl-defaults", rc == 0, rec.get("detail", "no record"))
+        tcp, dflt = f.get("inter_busbw_tcp_profile_gbps"), f.get("inter_busbw_nccl_defaults_gbps")
+        if tcp and dflt:
+            a.check("tcp-profile", float(tcp) >= 2.5 * float(dflt),
+                    f"tcp profile {tcp} GB/s against NCCL's socket defaults {dflt} GB/s: "
+                    f"{float(tcp) / float(dflt):.2f}x (goal 2.5x)")
 
     def ranks(self, pid: int) -> list[int]:
         found, todo = [], [pid]
@@ -272,6 +360,8 @@ class ContainerAcceptance:
         a = self.a
         f = a.results["figures"]
         shutil.rmtree(a.root, ignore_errors=True)
+        if self.own_gpus():
+            self.plain_allreduce()
         a.results["data"] = make_model_and_data(a.root / "shared")
         expected = a.results["data"]["model_layers"] * 2 * 2  # q_proj, v_proj; lora_A and lora_B
 
@@ -286,36 +376,59 @@ class ContainerAcceptance:
                                       "gpu_mode": ((gpus.get(h) or {}).get("data") or {}).get("gpu_mode"),
                                       "gpu_visible": ((vis.get(h) or {}).get("status"), (vis.get(h) or {}).get("detail")),
                                       "pull": (pull.get(h) or {}).get("detail")}
-                                  for h in ("gpu-node0", "gpu-node1")}
-        a.check("gpu_visible", len(vis) == 2 and all(r.get("status") == "pass" for r in vis.values()),
+                                  for h in self.hosts}
+        a.check("gpu_visible", len(vis) == len(self.hosts) and all(r.get("status") == "pass" for r in vis.values()),
                 "; ".join(f"{h}: {r.get('status')} {r.get('detail')}" for h, r in sorted(vis.items())))
         a.check("image_pull", any("pulled" in (r.get("detail") or "") for r in pull.values()),
                 "; ".join(f"{h}: {r.get('detail')}" for h, r in sorted(pull.items())))
         inter = a.records("site", "nccl_check.inter_node").get("gpu-node0") or {}
-        f["inter_busbw_one_gpu_two_nodes_gbps"] = (inter.get("data") or {}).get("busbw_gbps")
+        if self.a.shape and not self.a.shape["shared_gpus"]:
+            f["inter_busbw_tcp_profile_gbps"] = (inter.get("data") or {}).get("busbw_gbps")
+            a.results["nccl_check_inter_detail"] = inter.get("detail")
+            intra = a.records("site", "nccl_check.intra_node")
+            a.results["nccl_check_intra"] = {h: r.get("detail") for h, r in intra.items()}
+            f["intra_busbw_gbps"] = ((intra.get("gpu-node0") or {}).get("data") or {}).get("busbw_gbps")
+            plain = f.get("intra_plain_busbw_gbps")
+            if f["intra_busbw_gbps"] and plain:
+                a.check("intra-vs-plain", abs(float(f["intra_busbw_gbps"]) - plain) <= 0.05 * plain,
+                        f"NCCL check intra-node {f['intra_busbw_gbps']} GB/s against a plain torch all-reduce "
+                        f"{plain} GB/s on the same GPUs (within 5%); NVLink limit {f.get('nvlink_limit_gbps')} GB/s")
+        else:
+            f["inter_busbw_one_gpu_two_nodes_gbps"] = (inter.get("data") or {}).get("busbw_gbps")
         if rc != 0:
             return 1
+        if self.own_gpus():
+            self.launch_map_check()
 
         # 2. kill -9 node 1's rank once checkpoint-10 is complete on both nodes; status.yml names it
-        saved = a.wait(lambda: 10 in a.complete_steps(0) and 10 in a.complete_steps(1), 300, 0.2)
-        a.check("checkpoint", bool(saved), f"complete checkpoints: node0 {a.complete_steps(0)}, "
-                f"node1 {a.complete_steps(1)}")
-        ranks = self.ranks(int(self.launch_state(1).get("pid", 0) or 0))
-        victim = ranks[0] if ranks else None
-        a.check("kill", victim is not None, f"node 1 job {self.launch_state(1).get('pid')} has rank processes {ranks}")
+        k = self.last
+        saved = a.wait(lambda: all(10 in a.complete_steps(i) for i in range(len(self.hosts))), 300, 0.2)
+        a.check("checkpoint", bool(saved), "complete checkpoints: " + ", ".join(
+            f"node{i} {a.complete_steps(i)}" for i in range(len(self.hosts))))
+        ranks = self.ranks(int(self.launch_state(k).get("pid", 0) or 0))
+        victim = ranks[-1] if ranks else None
+        a.check("kill", victim is not None, f"node {k} job {self.launch_state(k).get('pid')} has rank processes {ranks}")
         if victim is None:
             return 1
+        others = {i: self.ranks(int(self.launch_state(i).get("pid", 0) or 0)) for i in range(k)}
         os.kill(victim, signal.SIGKILL)
         t_kill = time.monotonic()
+        # fail-fast: every other node's ranks end within 15 s (the product stops them; NCCL alone took ~60 s)
+        gone = a.wait(lambda: not any(Path(f"/proc/{p}").exists() for ps in others.values() for p in ps), 120, 0.2)
+        took = time.monotonic() - t_kill
+        f["kill_to_survivors_exit_s"] = round(took, 1)
+        a.check("fail-fast", bool(gone) and took <= 15, f"the other nodes' ranks {others} ended {took:.1f} s after "
+                f"the kill (limit 15 s); " + "; ".join(f"node {i}: {a.peer_stop(i) or 'no peer_stop record'}"
+                                                      for i in others))
         named = None
         while time.monotonic() - t_kill < 120:
             rc, log, _ = a.playbook("status", "playbooks/status.yml", inventory=self.inv)
-            named = re.search(r"first failure: node gpu-node1 \(node rank 1\), rank (\d+)[^\n]*", log)
+            named = re.search(r"first failure: node %s \(node rank %d\), rank (\d+)[^\n]*" % (self.hosts[k], k), log)
             if named:
                 break
         f["kill_to_named_s"] = round(time.monotonic() - t_kill, 1)
-        a.check("status", bool(named), named.group(0) if named else "status.yml never named gpu-node1")
-        last = max(set(a.complete_steps(0)) & set(a.complete_steps(1)), default=0)
+        a.check("status", bool(named), named.group(0) if named else f"status.yml never named {self.hosts[k]}")
+        last = max(set.intersection(*[set(a.complete_steps(i)) for i in range(len(self.hosts))]), default=0)
 
         # 3. reset.yml
         rc, log, took = a.playbook("reset", "reset.yml", inventory=self.inv, extra={"reset_confirm": True})
@@ -326,9 +439,9 @@ class ContainerAcceptance:
         rc, log, took = a.playbook("relaunch", "site.yml", inventory=self.inv)
         a.check("relaunch", rc == 0, f"site.yml rc {rc} in {took:.1f} s")
         f["relaunch_to_first_step_s"] = a.task_seconds(log, "launch : Start torchrun")
-        own = {r: self.launch_state(r).get("resume_from", "") for r in (0, 1)}
-        a.check("resume", all(own[r] == str(a.node_dir(r, "outputs") / f"checkpoint-{last}") for r in (0, 1)),
-                f"resume_from node0 {own[0]}, node1 {own[1]} (last checkpoint on both nodes: {last})")
+        own = {r: self.launch_state(r).get("resume_from", "") for r in range(len(self.hosts))}
+        a.check("resume", all(own[r] == str(a.node_dir(r, "outputs") / f"checkpoint-{last}") for r in own),
+                ", ".join(f"resume_from node{r} {own[r]}" for r in own) + f" (last checkpoint on every node: {last})")
         final = a.node_dir(0, "outputs") / "adapter_model.safetensors"
         done = a.wait(lambda: final.exists() and (a.node_dir(0, "outputs") / "train_results.json").exists(), 300, 2)
         log0 = a.log_of(0)
@@ -347,4 +460,6 @@ class ContainerAcceptance:
         else:
             a.check("adapter", False, "training did not finish: " + log0[-1500:])
         a.playbook("status-end", "playbooks/status.yml", inventory=self.inv)
+        if self.a.shape and not self.a.shape["shared_gpus"]:
+            self.socket_defaults()
         return 0

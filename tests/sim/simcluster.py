@@ -456,10 +456,12 @@ def write_inventory(name: str, nodes: list[str], mgmt_ips: list[str], data_ips: 
         "# The nodes run without CAP_SYS_RESOURCE: their engines cannot raise RLIMIT_MEMLOCK past the node's own\n"
         "# hard limit (8 MiB), so the training container asks for that instead of unlimited.\n"
         "container_ulimits: {memlock: 8388608, stack: 67108864}\n"
-        "# CPU nodes: the NCCL check measures gloo over the data network; 64 MiB and a CPU-sized floor\n"
-        "# (gloo between simulated nodes on a 2-core machine: 0.3-0.7 GB/s).\n"
+        "# CPU nodes: the NCCL check measures gloo over the data network; 64 MiB and CPU-sized floors\n"
+        "# (gloo between simulated nodes on a 2-core machine: 0.3-0.7 GB/s; between two processes of one\n"
+        "# node, -e cluster_nproc_per_node=2: about 0.8 GB/s, not the 50 GB/s of NVLink the default floor asks).\n"
         "nccl_check_size_mb: 64\n"
         "nccl_check_min_inter_busbw_gbps: 0.05\n"
+        "nccl_check_min_intra_busbw_gbps: 0.05\n"
         f"container_image: {gateway}:{engine.REGISTRY_PORT}/{TRAIN_REPO}:{TRAIN_TAG}\n"
         + (LIGHT_VARS if kind == "light" else ""))
     meta = {"name": name, "kind": kind, "nodes": nodes, "mgmt": mgmt_ips, "data": data_ips, "mtu": mtu,
@@ -566,7 +568,8 @@ def write_plain_inventory(name: str, nodes: list[str], ports: list[int], inet_ip
         "cluster_preflight: {min_free_gb: 1, min_shm_mb: 64}\n"
         "# The all-reduce proves the overlay path; its speed is the shared machine's (0.02-0.7 GB/s seen under load).\n"
         "nccl_check_size_mb: 64\n"
-        "nccl_check_min_inter_busbw_gbps: 0.001\n")
+        "nccl_check_min_inter_busbw_gbps: 0.001\n"
+        "nccl_check_min_intra_busbw_gbps: 0.001\n")
     meta = {"name": name, "kind": "plain", "nodes": nodes, "mgmt": ["127.0.0.1"] * len(nodes),
             "ssh_ports": ports, "inet": inet_ips, "data": ovl_ips, "mtu": mtu, "key": str(key),
             "inventory": str(inv), "instance_ids": [r["id"] for r in rows]}

@@ -77,3 +77,17 @@ def test_an_agent_killed_from_outside_is_named_before_the_connection_errors_it_c
     torn = dict(dead, exit={"returncode": -15, "ended_at": killed_at})
     s = lf.status_summary({"a": {"__launch_status": survivor}, "b": {"__launch_status": torn}}, ["a", "b"])
     assert s["first_failure"]["node"] == "a"
+
+
+def test_a_node_stopped_by_the_fail_fast_watcher_says_why_and_is_not_the_cause():
+    """The fail-fast watcher stopped node a's torchrun (exit code 1, no per-rank report) 2 s after node b's rank
+    died: b's rank is named first, and a's line says why a ended."""
+    killed = node_result("sim_node_killed.log", 1)
+    reason = "stopped because node rank 1 failed: rank 1 (local rank 0), exit code -9 (SIGKILL)"
+    stopped = {"state": "failed", "node_rank": 0, "failure": None, "log": "/l0", "last_log_line": "trainyard: step 9",
+               "exit": {"returncode": 1, "ended_at": killed["failure"]["time_epoch"] - 30,
+                        "peer_stop": {"why": "peer_failed", "reason": reason}}}
+    s = lf.status_summary({"a": {"__launch_status": stopped}, "b": {"__launch_status": killed}}, ["a", "b"])
+    assert s["first_failure"]["node"] == "b" and s["first_failure"]["rank"] == 1
+    assert s["nodes"][0]["why"] == reason and reason in s["lines"][0]
+    assert s["nodes"][1]["why"] == ""

@@ -44,7 +44,8 @@ def _agent_failure(node, res):
     exit_info = res.get("exit") or {}
     rc = exit_info.get("returncode")
     sig = -rc if isinstance(rc, int) and rc < 0 else None
-    klass = 3 if sig in _TEARDOWN else 0 if sig else 1
+    # stopped by the fail-fast watcher because another node failed (module_utils/failfast.py): a consequence
+    klass = 3 if sig in _TEARDOWN or exit_info.get("peer_stop") else 0 if sig else 1
     try:
         name = signal.Signals(sig).name if sig else None
     except ValueError:
@@ -96,6 +97,14 @@ def describe_failure(f):
     return text
 
 
+def _why(res):
+    """Why a node's job ended when the fail-fast watcher stopped it (launch.exit.json's peer_stop), else ''."""
+    if not isinstance(res, dict) or _node_state(res) != "failed":
+        return ""
+    peer = (res.get("exit") or {}).get("peer_stop")
+    return str(peer.get("reason") or "")[:300] if isinstance(peer, dict) else ""
+
+
 def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
     """Fold every node's status into {state, nodes, first_failure, failure_text, lines}.
 
@@ -110,7 +119,7 @@ def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
         results[host] = res
         nodes.append({"node": host, "node_rank": res.get("node_rank"), "state": _node_state(res),
                       "pid": res.get("pid"), "last_log_line": (res.get("last_log_line") or "")[-200:],
-                      "log": res.get("log"), "workers": res.get("workers")})
+                      "log": res.get("log"), "workers": res.get("workers"), "why": _why(res)})
     states = {n["state"] for n in nodes}
     if "failed" in states:
         overall = "failed"
@@ -126,7 +135,7 @@ def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
         overall = "partial"
     ff = first_failure({h: r for h, r in results.items() if _node_state(r) == "failed"})
     lines = ["%-24s rank %-4s %-11s %s" % (n["node"], n["node_rank"] if n["node_rank"] is not None else "-",
-                                            n["state"], n["last_log_line"]) for n in nodes]
+                                            n["state"], n["why"] or n["last_log_line"]) for n in nodes]
     text = describe_failure(ff)
     if text:
         lines.append(text)

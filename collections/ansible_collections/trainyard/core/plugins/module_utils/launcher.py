@@ -30,13 +30,16 @@ NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 READ_CAP = 16 * 1024 * 1024
 
 
-def read_file(path):
+def read_file(path, tail=None):
     """A regular file's text (no link followed, no FIFO or device opened for good: O_NONBLOCK, fstat after the open),
-    at most READ_CAP bytes, newlines as open() in text mode reads them."""
+    at most READ_CAP bytes (with tail: its last tail bytes), newlines as open() in text mode reads them."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     try:
-        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
             raise OSError("%s is not a regular file" % path)
+        if tail is not None:
+            os.lseek(fd, max(0, st.st_size - tail), os.SEEK_SET)
         chunks, left = [], READ_CAP
         while left > 0:
             b = os.read(fd, min(left, 1 << 20))
@@ -185,6 +188,41 @@ def kill_if_same(pid, ticks, sig):
             pass
 
 
+def say(line):
+    sys.stdout.write("trainyard-launch: %s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
+    sys.stdout.flush()
+
+
+def failfast_watch(spec, child):
+    """The cross-node fail-fast watcher (failfast.py, written beside this file) for a multi-node job, or None."""
+    if not spec.get("failfast"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "failfast.py")
+    try:
+        import importlib.util
+        loader = importlib.util.spec_from_file_location("trainyard_failfast", path)
+        mod = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(mod)
+    except (ImportError, OSError, SyntaxError) as e:
+        say("fail-fast watcher off: cannot load %s: %s" % (path, e))
+        return None
+    return mod.watch(spec, child, say)
+
+
+def failfast_finish(watcher, spec, rc, operator_stop):
+    """After torchrun exited: the watcher publishes this node's own failure; its record for launch.exit.json."""
+    if watcher is None:
+        return None
+    return watcher.publish(rc, watcher_log_tail(spec.get("log")), operator_stop)
+
+
+def watcher_log_tail(path, limit=256 * 1024):
+    try:
+        return read_file(path, tail=limit)
+    except (OSError, TypeError):
+        return ""
+
+
 def main():
     spec = json.loads(read_file(sys.argv[1]))
     try:
@@ -250,6 +288,7 @@ def main():
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    watcher = failfast_watch(spec, child)
     while True:
         # Any child: orphans re-parented to this subreaper are collected as they exit, torchrun ends the wait.
         try:
@@ -267,8 +306,10 @@ def main():
         time.strftime("%Y-%m-%dT%H:%M:%S"), spec.get("name", "job"),
         "signal %d" % -rc if rc < 0 else "code %d" % rc))
     sys.stdout.flush()
+    failfast = failfast_finish(watcher, spec, rc, bool(stopping))
     write_json(spec["exit_file"], {"returncode": rc, "ended_at": time.time(), "stopped": bool(stopping),
-                                   "exec_failed": exec_failed, "token": spec["token"]})
+                                   "exec_failed": exec_failed, "token": spec["token"],
+                                   "peer_stop": (failfast or {}).get("peer_stop"), "failfast": failfast})
     # Workers torchrun left behind (their agent was killed) and anything else the job started: end them so peers
     # fail fast instead of waiting and nothing of this launch meets the next one.
     end_job(spec["token"], me, my_ticks, float(spec.get("leftover_grace", 5)))
