@@ -60,8 +60,8 @@ def assert_healthy(records: dict, nodes: list[str], pulled: bool = True) -> None
             assert "container.image_pull" not in recs, (node, recs["container.image_pull"])
         for check in ("container.engine", "container.image_digest", "container.running",
                       "container.health.code_dir", "container.health.output_writable",
-                      "container.health.shared_readable", "container.health.logger", "container.health.python",
-                      "container.health.torch", "container.health.ulimits"):
+                      "container.health.shared_readable", "container.health.home", "container.health.logger",
+                      "container.health.python", "container.health.torch", "container.health.ulimits"):
             assert recs[check]["status"] == "pass", (node, recs[check])
         # CPU nodes: no GPU to give, and the in-container GPU comparison cannot run, so it skips with the reason
         assert recs["container.gpus"]["status"] == "pass" and "no GPUs on this node" in recs["container.gpus"]["detail"]

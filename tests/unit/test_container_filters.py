@@ -409,6 +409,7 @@ def test_dirs_to_give_only_roots_unwritable_directories():
         "0:65532:775:directory:/srv/grp",           # writable through the group
         "0:0:777:symbolic link:/srv/link",          # a link: never followed, never given
         "0:0:700:directory:/srv/a:b",               # a colon in the path
+        "0:0:755:directory:/srv/outputs/code",      # below another writable source: its parent is the job's
     ]) + "\0"
     assert cf.dirs_to_give(out, "65532:65532") == ["/srv/outputs", "/srv/a:b"]
     assert cf.dirs_to_give(out, "root") == []

@@ -179,16 +179,21 @@ def dirs_to_give(stat_out: str, user) -> list:
     stat_out: `stat --printf '%u:%g:%a:%F:%n\\0'` of each source (links not followed). A directory is given when
     root owns it and the job's uid cannot write it (a 0755 directory made by mkdir -p, or by an earlier root
     container); one of another owner (an operator's shared space) or already writable (1777) is left as it is, and
-    a symlink is never followed. Nothing is given when the job runs as root or as the image's user.
+    a symlink is never followed. A source below another writable source is left too: the job could swap a directory
+    on its path for a symlink between the read and the chown (chown -h follows every component but the last).
+    Nothing is given when the job runs as root or as the image's user.
     """
     ids = container_user_ids(user)
     if not ids:
         return []
     uid, gid = ids
+    entries = [e.strip("\n").split(":", 4) for e in (stat_out or "").split("\0")]
+    roots = [p[4].rstrip("/") + "/" for p in entries if len(p) == 5]
     out = []
-    for entry in (stat_out or "").split("\0"):
-        parts = entry.strip("\n").split(":", 4)
+    for parts in entries:
         if len(parts) != 5 or parts[3] != "directory":
+            continue
+        if any(parts[4].startswith(r) for r in roots):
             continue
         try:
             owner, group, mode = int(parts[0]), int(parts[1]), int(parts[2], 8)
