@@ -9,10 +9,11 @@ report.json schema (version 1; filter_plugins/health_page.py and later tools rea
       "generated": "2026-11-22T21:47:00Z",     # UTC, when the report play ran
       "run_dir": "/abs/path/runs/<run_id>",
       "hosts": ["node1", "node2", ...],         # the trainers, rank 0 first
-      "cluster_model": {"node1": {...}, ...},   # the cluster_model fact of every trainer (docs/architecture.md)
+      "cluster_model": {"node1": {...}, ...},   # the cluster_model fact of every trainer (docs/architecture.md),
+                                                # without hosts_by_rank where it is "hosts" (n² names otherwise)
       "checks": ["cluster.python", ...],        # every check name, in first-seen order
       "records": [                              # one per (host, check)
-        {"host": "node1", "check": "network.mtu", "run": "<run_id>",
+        {"host": "node1", "check": "network.mtu",    # "run" only where it is not the report's run_id
          "status": "pass|fail|warn|skip|pending|unreachable",
          "detail": "what was seen", "fix": "what to do (empty when passed)", "data": {...}}
       ],
@@ -33,6 +34,10 @@ A record is "pending" only in check mode: the check reads state that a task of t
 
 A host that recorded nothing (unreachable, or failed before its first check) gets one record
 {"check": "host.reachable", "status": "unreachable"}.
+
+What is the same on every node is written once, so that report.json grows with the records only (under 20 MB at
+1,024 nodes, tests/bench/health.py): each record's "run" stamp is the report's run_id, each node's hosts_by_rank is
+the report's hosts.
 """
 
 from __future__ import annotations
@@ -59,9 +64,12 @@ def plan_of(plans: Mapping[str, Any] | None, hosts: list[str], records: list[dic
     """{host: plan entries} for every host (empty list: nothing would change); image pulls get the digest their
     node's container.image_digest record read from the registry (data.registry_digest)."""
     out = {}
+    digests: dict[str, Any] = {}  # one pass over the records (not one per host: n² at 1,024 nodes)
+    for r in records:
+        if isinstance(r.get("data"), dict) and r["data"].get("registry_digest"):
+            digests.setdefault(r["host"], r["data"]["registry_digest"])
     for h in hosts:
-        digest = next((r["data"].get("registry_digest") for r in records
-                       if r["host"] == h and isinstance(r.get("data"), dict) and r["data"].get("registry_digest")), None)
+        digest = digests.get(h)
         entries = []
         for e in (plans or {}).get(h) or []:
             if not isinstance(e, Mapping):
@@ -77,6 +85,14 @@ def plan_of(plans: Mapping[str, Any] | None, hosts: list[str], records: list[dic
     return out
 
 
+def shared_model_keys_out(model: Any, hosts: list[str]) -> Any:
+    """A node's cluster_model for the report: without hosts_by_rank where it is the report's hosts (1,024 names
+    on each of 1,024 nodes would be half of report.json)."""
+    if isinstance(model, dict) and model.get("hosts_by_rank") == hosts:
+        return {k: v for k, v in model.items() if k != "hosts_by_rank"}
+    return model
+
+
 def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mapping[str, Any] | None = None,
                  run_id: str = "", run_dir: str = "", generated: str | None = None,
                  plans: Mapping[str, Any] | None = None, check_mode: bool = False) -> dict:
@@ -84,7 +100,9 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
     trainyard_plan fact} of a check-mode run (callback_plugins/trainyard_plan.py)."""
     models = {h: _plain(m) for h, m in (models or {}).items() if m}
     given = list(hosts)
-    hosts = sorted(given, key=lambda h: ((models.get(h) or {}).get("node_rank", 10**9), given.index(h)))
+    position = {h: i for i, h in enumerate(given)}
+    hosts = sorted(given, key=lambda h: ((models.get(h) or {}).get("node_rank", 10**9), position[h]))
+    models = {h: shared_model_keys_out(m, hosts) for h, m in models.items()}
     records: list[dict] = []
     for h in hosts:
         # The fact cache may still hold records of an earlier run: only this run's count.
@@ -99,6 +117,8 @@ def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mappi
         for r in recs:
             rec = _plain(dict(r))
             rec["host"] = h
+            if run_id and rec.get("run") == run_id:
+                del rec["run"]
             rec.setdefault("detail", "")
             rec.setdefault("fix", "")
             rec.setdefault("data", {})

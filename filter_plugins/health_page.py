@@ -19,6 +19,13 @@ Conventions in a record's ``data`` that the page understands (any role may use t
   a node whose value differs from the majority is highlighted.
 * ``gpu_map``: ``[{"local_rank", "index", "pci_bus_id", "uuid"}]`` — the local rank to GPU map of the node.
 
+Up to ``FULL_MATRIX_MAX`` nodes the page draws every node x node matrix cell by cell, each node x check cell with its
+detail, the drift table per node and the launch map per GPU. Above it the page stays small (a few MB at 1,024 nodes;
+report.json and report.md hold every record): each node x node matrix becomes its failing pairs (always every one),
+the worst links of a numeric metric and per-node aggregates; the node x check cells carry details only where a check
+did not pass or skip; the drift table lists each key's majority and every node that differs; the launch map has one
+row per node.
+
 Used as a filter (``report | trainyard_health_page``) by the report play, and importable by tests.
 """
 
@@ -33,18 +40,23 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "health_page.html.j2"
 STATUS_ORDER = {"fail": 0, "unreachable": 1, "warn": 2, "pending": 3, "skip": 4, "pass": 5}
+# Up to this many nodes every node x node matrix is drawn in full (n² cells); above it, summarised.
+FULL_MATRIX_MAX = 32
+# The lowest values of a numeric node x node metric listed above FULL_MATRIX_MAX.
+WORST_LINKS = 20
 
 
 def _hosts_in_rank_order(report: dict) -> list[str]:
-    hosts = list(report.get("hosts") or [])
+    order = dict.fromkeys(report.get("hosts") or [])
     for rec in report.get("records") or []:
-        if rec.get("host") not in hosts:
-            hosts.append(rec.get("host"))
+        order.setdefault(rec.get("host"))
+    hosts = list(order)
+    position = {h: i for i, h in enumerate(hosts)}
     model = report.get("cluster_model") or {}
 
     def key(h: str) -> tuple:
         rank = (model.get(h) or {}).get("node_rank")
-        return (rank if isinstance(rank, int) else 10**9, hosts.index(h))
+        return (rank if isinstance(rank, int) and not isinstance(rank, bool) else 10**9, position[h])
 
     return sorted(hosts, key=key)
 
@@ -59,13 +71,15 @@ def node_check_matrix(report: dict) -> dict:
         if check not in checks:
             checks.append(check)
         cells.setdefault(rec.get("host"), {})[check] = rec
+    position = {h: i for i, h in enumerate(hosts)}
     failures = sorted((r for r in report.get("records") or [] if r.get("status") in ("fail", "unreachable")),
-                      key=lambda r: (hosts.index(r["host"]) if r.get("host") in hosts else 0, r.get("check", "")))
+                      key=lambda r: (position.get(r.get("host"), 0), r.get("check", "")))
     return {"hosts": hosts, "checks": checks, "cells": cells, "failures": failures}
 
 
-def pairwise_matrices(report: dict) -> list[dict]:
-    """One matrix per metric: {metric, hosts, values: {src: {dst: value}}, numeric, max}."""
+def pairwise_matrices(report: dict, full_max: int = FULL_MATRIX_MAX) -> list[dict]:
+    """One matrix per metric: {metric, hosts, values: {src: {dst: value}}, numeric, max, full}; above ``full_max``
+    nodes (full false) also ``summary`` (summarise_pairwise), which the page draws instead of the n² cells."""
     hosts = _hosts_in_rank_order(report)
     metrics: dict[str, dict[str, dict]] = {}
     for rec in report.get("records") or []:
@@ -75,10 +89,62 @@ def pairwise_matrices(report: dict) -> list[dict]:
     out = []
     for metric, values in metrics.items():
         flat = [v for row in values.values() for v in row.values() if v is not None]
-        numeric = bool(flat) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat)
-        out.append({"metric": metric, "hosts": hosts, "values": values, "numeric": numeric,
-                    "max": max(flat) if numeric and flat else None})
+        numeric = bool(flat) and all(map(_is_number, flat))
+        m = {"metric": metric, "hosts": hosts, "values": values, "numeric": numeric,
+             "max": max(flat) if numeric and flat else None, "full": len(hosts) <= full_max}
+        if not m["full"]:
+            m["summary"] = summarise_pairwise(values, hosts, numeric)
+        out.append(m)
     return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def summarise_pairwise(values: dict, hosts: list[str], numeric: bool, worst: int = WORST_LINKS) -> dict:
+    """A node x node metric without its n² cells: {pairs (measured), missing (no value), failing: [{src, dst,
+    value}] (every pair whose value is false, rank order, never cut), worst: [{src, dst, value}] (a numeric metric's
+    ``worst`` lowest values, lowest first), nodes: [{host, out, in, failing_out, failing_in, min, mean}] (every node,
+    the ones with failing links first, then the lowest min, then rank; min and mean over the numeric links from or
+    to the node)}."""
+    position = {h: i for i, h in enumerate(hosts)}
+    nodes = {h: {"host": h, "out": 0, "in": 0, "failing_out": 0, "failing_in": 0, "_nums": []} for h in hosts}
+    failing, links, missing, pairs = [], [], 0, 0
+    for src, row in values.items():
+        for dst, value in (row or {}).items():
+            if src == dst:
+                continue
+            for h in (src, dst):
+                nodes.setdefault(h, {"host": h, "out": 0, "in": 0, "failing_out": 0, "failing_in": 0, "_nums": []})
+            if value is None:
+                missing += 1
+                continue
+            pairs += 1
+            nodes[src]["out"] += 1
+            nodes[dst]["in"] += 1
+            if value is False:
+                failing.append({"src": src, "dst": dst, "value": value})
+                nodes[src]["failing_out"] += 1
+                nodes[dst]["failing_in"] += 1
+            elif numeric and _is_number(value):
+                links.append({"src": src, "dst": dst, "value": value})
+                nodes[src]["_nums"].append(value)
+                nodes[dst]["_nums"].append(value)
+    def order(host: str) -> int:
+        return position.get(host, len(position))
+
+    failing.sort(key=lambda p: (order(p["src"]), order(p["dst"])))
+    worst_links = sorted(links, key=lambda p: (p["value"], order(p["src"]), order(p["dst"])))[:max(0, worst)]
+    rows = []
+    for n in nodes.values():
+        nums = n.pop("_nums")
+        n["min"] = min(nums) if nums else None
+        n["mean"] = sum(nums) / len(nums) if nums else None
+        rows.append(n)
+    rows.sort(key=lambda n: (-(n["failing_out"] + n["failing_in"]),
+                             n["min"] if n["min"] is not None else float("inf"), order(n["host"])))
+    return {"pairs": pairs, "missing": missing, "failing": failing, "worst": worst_links, "nodes": rows}
 
 
 def heat_color(value, vmax) -> str:
@@ -119,6 +185,18 @@ def drift_table(report: dict) -> dict:
     return {"keys": keys, "hosts": hosts, "values": values, "odd": odd, "majority": majority}
 
 
+def drift_summary(drift: dict) -> list[dict]:
+    """The drift table without a row per node: per key {key, majority (the value most nodes have), nodes (how many
+    have it), of (how many report the key), odd: [{host, value}] (every node that differs, rank order)}."""
+    out = []
+    for key in drift["keys"]:
+        have = [h for h in drift["hosts"] if key in drift["values"].get(h, {})]
+        odd = [{"host": h, "value": drift["values"][h][key]} for h in have if key in drift["odd"].get(h, ())]
+        top = next((drift["values"][h][key] for h in have if key not in drift["odd"].get(h, ())), None)
+        out.append({"key": key, "majority": top, "nodes": len(have) - len(odd), "of": len(have), "odd": odd})
+    return out
+
+
 def rank_map(report: dict) -> list[dict]:
     """Rows: node rank → host → data address → local rank → GPU (PCI bus id)."""
     model = report.get("cluster_model") or {}
@@ -139,6 +217,18 @@ def rank_map(report: dict) -> list[dict]:
             rows.append(dict(base, local_rank=g.get("local_rank", ""), gpu=g.get("index", ""),
                              pci_bus_id=g.get("pci_bus_id", ""), uuid=g.get("uuid", "")))
     return rows
+
+
+def rank_map_by_node(rows: list[dict]) -> list[dict]:
+    """The launch map with one row per node: {node_rank, host, data_address, master, gpus: "local rank→GPU (PCI
+    bus id), ..."} (the UUIDs stay in report.json)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        node = out.setdefault(r["host"], {k: r[k] for k in ("node_rank", "host", "data_address", "master")}
+                              | {"gpus": []})
+        if r["gpu"] != "" or r["local_rank"] != "":
+            node["gpus"].append(f"{r['local_rank']}→{r['gpu']}" + (f" ({r['pci_bus_id']})" if r["pci_bus_id"] else ""))
+    return [dict(n, count=len(n["gpus"]), gpus=", ".join(n["gpus"])) for n in out.values()]
 
 
 def summary(report: dict) -> dict:
@@ -163,13 +253,19 @@ def plan_section(report: dict) -> dict | None:
             "pending": sum(len(n["pending"]) for n in nodes)}
 
 
-def render(report: dict) -> str:
+def render(report: dict, full_matrix_max: int = FULL_MATRIX_MAX) -> str:
+    """The page; above ``full_matrix_max`` nodes its node x node matrices, drift table and launch map summarised."""
     env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["heat"] = lambda v, vmax=None: heat_color(v, vmax)
+    matrix = node_check_matrix(report)
+    full = len(matrix["hosts"]) <= full_matrix_max
+    drift = drift_table(report)
+    ranks = rank_map(report)
     return env.get_template(TEMPLATE).render(
-        report=report, matrix=node_check_matrix(report), pairwise=pairwise_matrices(report),
-        drift=drift_table(report), ranks=rank_map(report), summary=summary(report), plan=plan_section(report),
+        report=report, matrix=matrix, pairwise=pairwise_matrices(report, full_matrix_max), full=full,
+        full_matrix_max=full_matrix_max, drift=drift, drift_summary=None if full else drift_summary(drift),
+        ranks=ranks if full else rank_map_by_node(ranks), summary=summary(report), plan=plan_section(report),
         status_order=STATUS_ORDER, esc=html.escape)
 
 

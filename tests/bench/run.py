@@ -13,6 +13,8 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
             tasks and remote executions per node, the faster-than-linear tasks apart, a fitted model and its
             projection to 1,024 nodes; --config-at N adds ansible.cfg against Ansible's defaults, one setting at a
             time, at N nodes (tests/bench/scale.py; raw output docs/benchmarks-scale.json)
+  health    the health page and report.json of a report grown to 64, 256 and 1,024 nodes: render time, sizes, and
+            whether headless Chromium opens the page (tests/bench/health.py; raw output docs/benchmarks-health.json)
 Figures are never asserted: this is measurement, not a test.
 """
 
@@ -43,6 +45,7 @@ DOC = REPO / "docs/benchmarks.md"
 ANALYSIS_MARK = "<!-- analysis: written by hand; tests/bench/run.py rewrites only what is above this line -->"
 DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
 SCALE_TITLE = "## Scale"
+HEALTH_TITLE = "## Health page"
 
 
 def log(msg: str) -> None:
@@ -253,9 +256,10 @@ def write_doc(sections: list[str], keep_header: bool = False) -> None:
     old_head, old_secs = _split_sections(old[:old.index(ANALYSIS_MARK)] if ANALYSIS_MARK in old else old)
     new_head, new_secs = _split_sections("\n".join(sections))
     fresh = dict(new_secs)
-    # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale tables survive a run
-    # without scale.
-    kept = [(t, x) for t, x in old_secs if t in fresh or keep_header or t.startswith(SCALE_TITLE)]
+    # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale and health tables
+    # survive a run without them.
+    kept = [(t, x) for t, x in old_secs
+            if t in fresh or keep_header or t.startswith(SCALE_TITLE) or t.startswith(HEALTH_TITLE)]
     merged = [fresh.pop(title, text) for title, text in kept] + [text for title, text in new_secs if title in fresh]
     head = old_head if (keep_header and old_head.strip()) else new_head
     body = head.rstrip("\n") + "\n\n" + "".join(p.rstrip("\n") + "\n\n" for p in merged)
@@ -266,7 +270,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
     p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
-    p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts"))
+    p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts,health"))
     p.add_argument("--config-at", type=int, default=None,
                    help="scale: also measure ansible.cfg against Ansible's defaults at this size (one of --sizes)")
     p.add_argument("--from-raw", action="store_true",
@@ -291,6 +295,14 @@ def main() -> int:
             scale.RAW.write_text(json.dumps(results, indent=1) + "\n")
         sections += scale.sections(results, command, machine())
         print("\n".join(sections[1:]), flush=True)
+        write_doc(sections, keep_header)
+    if "health" in only:
+        import health
+        results = {"command": f".venv/bin/python tests/bench/run.py --only health --repeats {args.repeats}",
+                   "repeats": args.repeats, "rows": health.bench_health(health.SIZES, args.repeats)}
+        health.RAW.write_text(json.dumps(results, indent=1) + "\n")
+        sections.append(health.section(results))
+        print(sections[-1], flush=True)
         write_doc(sections, keep_header)
     if "site" in only:
         rows, cfg = bench_site(sizes, args.repeats)

@@ -71,3 +71,31 @@ def test_health_page_renders_offline_from_a_report_file(tmp_path, status):
     assert r.returncode == 0, r.stderr
     dom = chromium("--dump-dom", out.as_uri())
     assert 'data-host="b" data-check="network.mtu" data-status="fail"' in dom.stdout
+
+
+def test_health_page_of_1024_nodes_opens_and_names_every_failure(tmp_path):
+    """A real 2-node report grown to 1,024 nodes the way the network role probes at that size (tests/bench/health.py):
+    the page opens in Chromium with every failing check cell and every failing link, without the n² matrix cells."""
+    sys.path.insert(0, str(REPO / "tests/bench"))
+    import health as bench
+
+    source = json.loads(bench.SOURCE.read_text())
+    results, models, hosts, _ = bench.grow(source, 1024)
+    report = bench.cluster_report.build_report(results, hosts, models, source["run_id"], str(tmp_path))
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps(report))
+    out = tmp_path / "health.html"
+    r = subprocess.run([sys.executable, str(REPO / "filter_plugins/health_page.py"), str(src), str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    dom = chromium("--dump-dom", out.as_uri(), timeout=120)
+    assert dom.returncode == 0 and 'data-ready="1"' in dom.stdout, dom.stderr[-2000:]
+    for x in report["failures"]:
+        assert f'data-host="{x["host"]}" data-check="{x["check"]}" data-status="{x["status"]}"' in dom.stdout
+    failing_links = {(rec["host"], peer) for rec in report["records"]
+                     for row in ((rec.get("data") or {}).get("pairwise") or {}).values()
+                     for peer, ok in row.items() if ok is False}
+    assert failing_links
+    for host, peer in failing_links:
+        assert f'<tr data-src="{host}" data-dst="{peer}" data-value="False">' in dom.stdout
+    assert 'class="heat" style="background:#f6f8fa"' not in dom.stdout  # no diagonal: no matrix drawn

@@ -100,3 +100,20 @@ def test_a_failed_check_is_printed_when_it_is_recorded(tmp_path):
     assert line in out, out
     assert out.index(line) < out.index("TASK [ansible.builtin.debug]")
     assert "cluster.docker" not in out  # a passing check prints nothing
+
+
+def test_what_every_node_shares_is_written_once():
+    """report.json at 1,024 nodes: the run stamp is the report's run_id and hosts_by_rank its hosts (not n² names);
+    the counts, failures and every other model key stay."""
+    order = ["a", "b", "c"]
+    models = {h: dict(MODELS[h], nnodes=3, hosts_by_rank=order) for h in MODELS}
+    results = {h: [rec(h, "cluster.shm", "fail" if h == "c" else "pass")] for h in HOSTS}
+    r = rep.build_report(results, HOSTS, models, run_id="r1")
+    assert all("run" not in x for x in r["records"])
+    assert r["cluster_model"]["b"] == {"node_rank": 1, "nnodes": 3} and r["hosts"] == order
+    assert r["summary"]["fail"] == 1 and [f["host"] for f in r["failures"]] == ["c"]
+    # A model whose hosts_by_rank is not the report's hosts (a recover plan) keeps it.
+    models["a"]["hosts_by_rank"] = ["a", "b"]
+    assert rep.build_report(results, HOSTS, models, run_id="r1")["cluster_model"]["a"]["hosts_by_rank"] == ["a", "b"]
+    # Without a run id nothing was filtered by it: the stamps stay.
+    assert all(x["run"] == "r1" for x in rep.build_report(results, HOSTS, models)["records"])

@@ -23,6 +23,16 @@ def test_readme_starts_with_the_two_commands_and_its_links_resolve():
             assert (REPO / target).exists(), f"README links to {target}, which does not exist"
 
 
+def test_readme_and_troubleshooting_read_in_a_terminal():
+    """The README stays short (the full symptom list lives in docs/troubleshooting.md); no line a terminal or a
+    diff cannot show."""
+    readme = (REPO / "README.md").read_bytes()
+    assert len(readme) < 20_000, f"README.md is {len(readme)} bytes: move references into docs/"
+    for doc in ("README.md", "docs/troubleshooting.md"):
+        long = [i for i, line in enumerate((REPO / doc).read_text().splitlines(), 1) if len(line) > 200]
+        assert not long, f"{doc}: lines over 200 characters: {long}"
+
+
 def test_table_lists_every_option_of_every_role():
     gen = load("docs/gen_variables.py")
     import yaml

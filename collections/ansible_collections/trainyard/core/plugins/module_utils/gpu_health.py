@@ -86,16 +86,6 @@ XID_TABLE = {
     154: ("GPU recovery action changed (the message says which: GPU Reset Required, Node Reboot Required, "
           "Drain and Reset)", "fail", "do what the message says: reset the GPU, or reboot the node"),
 }
-XID_CATEGORIES = {
-    "ecc": (48, 63, 64, 92, 94, 95, 140),
-    "remap": (63, 64),
-    "nvlink": (73, 74, 149),
-    "bus": (79,),
-    "gsp": (119, 120, 61, 62),
-    "application": (13, 31, 43, 45, 69),
-}
-
-
 def xid_info(code):
     """(meaning, severity, fix) of an Xid code; unknown codes are failures that point to NVIDIA's catalog."""
     return XID_TABLE.get(int(code), (

@@ -90,8 +90,6 @@ ACCELERATE_AUTO = tuple(dict.fromkeys((
 AUTO_FILLED = {"trainer": TRAINER_AUTO, "accelerate": ACCELERATE_AUTO, "none": ()}
 FILLER_NAMES = {"trainer": "the Hugging Face Trainer (transformers)", "accelerate": "Accelerate's DeepSpeedPlugin",
                 "none": "nothing (deepspeed_config_auto_filler: none)"}
-# The train_args profiles and who fills "auto" under each (LLaMA-Factory and a generic HF script use the Trainer).
-FILLER_BY_PROFILE = {"llamafactory": "trainer", "generic": "trainer"}
 
 
 def canonical_path(path):

@@ -319,7 +319,6 @@ KNOWN = KNOWN_NCCL | KNOWN_TORCH | KNOWN_OTHER | KNOWN_FABRIC
 RESERVED = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NPROC_PER_NODE", "NODE_RANK")
 # Lines that legitimately differ between nodes.
 PER_NODE = ("NODE_RANK",)
-IFACE_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The env file is read by three consumers: `docker run --env-file` (the rest of the line after the first "=",
