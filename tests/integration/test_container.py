@@ -132,6 +132,10 @@ def test_the_job_cannot_signal_host_processes_nor_make_device_nodes(converged, t
         # The writable mounts are the job's; HOME is one it can create.
         for path in ("/srv/outputs", "/srv/code"):
             assert cluster.exec(node, ["stat", "-c", "%u:%g", path]).stdout.strip() == "65532:65532", (node, path)
+        # The read-only directory: root's, the job's group (the launch spec there is 0640 with that group).
+        ro = next(m["Source"] for m in info["Mounts"] if m["Destination"].endswith("/job-ro"))
+        assert cluster.exec(node, ["stat", "-c", "%u:%g", ro]).stdout.strip() == "0:65532", (node, ro)
+        assert cluster.exec(node, ["docker", "exec", NAME, "ls", ro], check=False).returncode == 0, (node, ro)
         home = cluster.exec(node, ["docker", "exec", NAME, "sh", "-c", 'mkdir -p "$HOME" && touch "$HOME/x" && '
                                    'echo "$HOME"'], check=False)
         assert home.returncode == 0 and home.stdout.strip() == "/tmp/trainyard-home", (node, home.stderr)
