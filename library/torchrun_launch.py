@@ -799,7 +799,10 @@ class Launch(object):
             spec["failfast"] = self.failfast_spec()
         if secret_file and runtime != "docker":
             spec["secret_env_file"] = secret_file  # the path; the launcher reads the values
-        tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o600)
+        # In the container's read-only directory: 0640 with that directory's group, which role container makes the
+        # gid of container_user, so the launcher, run as that user, reads it and other users of the node do not.
+        tr.write_atomic(spec_path, json.dumps(spec, indent=2) + "\n", 0o640 if in_container else 0o600,
+                        gid=os.stat(spec_dir).st_gid if in_container else None)
         launcher = os.path.join(self.ro_dir, tr.LAUNCHER_FILE)
         if in_container:
             # docker reads the secrets on the host: the file never has to be visible inside the container.

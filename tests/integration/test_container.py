@@ -60,8 +60,8 @@ def assert_healthy(records: dict, nodes: list[str], pulled: bool = True) -> None
             assert "container.image_pull" not in recs, (node, recs["container.image_pull"])
         for check in ("container.engine", "container.image_digest", "container.running",
                       "container.health.code_dir", "container.health.output_writable",
-                      "container.health.shared_readable", "container.health.logger", "container.health.python",
-                      "container.health.torch", "container.health.ulimits"):
+                      "container.health.shared_readable", "container.health.home", "container.health.logger",
+                      "container.health.python", "container.health.torch", "container.health.ulimits"):
             assert recs[check]["status"] == "pass", (node, recs[check])
         # CPU nodes: no GPU to give, and the in-container GPU comparison cannot run, so it skips with the reason
         assert recs["container.gpus"]["status"] == "pass" and "no GPUs on this node" in recs["container.gpus"]["detail"]
@@ -115,6 +115,42 @@ def test_container_runs_with_host_namespaces_and_rerun_changes_nothing(converged
     assert_healthy(records, cluster.nodes)
     # No pull on the converged run: the image was present.
     assert all("present" in records[n]["container.image_pull"]["detail"] for n in cluster.nodes)
+
+
+def test_the_job_cannot_signal_host_processes_nor_make_device_nodes(converged, tmp_path):
+    """Hardened by default: the job (docker exec, as the launch, the health probe and nccl_check run it) is uid
+    65532 with no capability and no-new-privileges; in the host PID namespace it cannot signal the node's sshd or
+    dockerd (root's) and cannot mknod. On the old settings (root, docker's default capabilities) kill -0 succeeds
+    (uid 0 -> uid 0) and mknod of a character device succeeds (CAP_MKNOD)."""
+    cluster = converged
+    for node in cluster.nodes:
+        info = inspect(cluster, node)
+        assert info["Config"]["User"] == "65532:65532", node
+        assert info["HostConfig"]["CapDrop"] == ["ALL"] and not info["HostConfig"]["CapAdd"], node
+        assert "no-new-privileges:true" in (info["HostConfig"]["SecurityOpt"] or []), node
+        assert cluster.exec(node, ["docker", "exec", NAME, "id", "-u"]).stdout.strip() == "65532"
+        # The writable mounts are the job's; HOME is one it can create.
+        for path in ("/srv/outputs", "/srv/code"):
+            assert cluster.exec(node, ["stat", "-c", "%u:%g", path]).stdout.strip() == "65532:65532", (node, path)
+        # The read-only directory: root's, the job's group (the launch spec there is 0640 with that group).
+        ro = next(m["Source"] for m in info["Mounts"] if m["Destination"].endswith("/job-ro"))
+        assert cluster.exec(node, ["stat", "-c", "%u:%g", ro]).stdout.strip() == "0:65532", (node, ro)
+        assert cluster.exec(node, ["docker", "exec", NAME, "ls", ro], check=False).returncode == 0, (node, ro)
+        home = cluster.exec(node, ["docker", "exec", NAME, "sh", "-c", 'mkdir -p "$HOME" && touch "$HOME/x" && '
+                                   'echo "$HOME"'], check=False)
+        assert home.returncode == 0 and home.stdout.strip() == "/tmp/trainyard-home", (node, home.stderr)
+    node = cluster.head
+    for daemon in ("sshd", "dockerd"):
+        pid = cluster.exec(node, ["pgrep", "-o", "-x", daemon]).stdout.split()[0]
+        # The pid is the same inside (host PID namespace); the job sees it and cannot signal it.
+        r = cluster.exec(node, ["docker", "exec", NAME, "sh", "-c", f"test -d /proc/{pid} && kill -0 {pid}"],
+                         check=False)
+        assert r.returncode != 0 and "not permitted" in r.stderr.lower(), (daemon, pid, r.returncode, r.stderr)
+    r = cluster.exec(node, ["docker", "exec", NAME, "sh", "-c", "mknod /tmp/ty-mem c 1 1"], check=False)
+    assert r.returncode != 0 and "not permitted" in r.stderr.lower(), (r.returncode, r.stderr)
+    # no-new-privileges: the kernel marks the job's processes (a setuid program in the image gains nothing).
+    r = cluster.exec(node, ["docker", "exec", NAME, "sh", "-c", "grep NoNewPrivs /proc/self/status"])
+    assert r.stdout.split()[-1] == "1", r.stdout
 
 
 def test_changing_shm_size_recreates_the_container(converged, tmp_path):

@@ -119,6 +119,23 @@ def test_all_ranks_rendezvous_and_train_20_steps(job):
     assert wait_until(lambda: head_step(job) >= 20, 600) >= 20 or head_step(job) >= 20, log_of(job, job.head)[-2000:]
 
 
+def test_the_job_runs_as_the_containers_unprivileged_user(job):
+    """The launch's docker exec runs the launcher, torchrun and the ranks as container_user (65532:65532), with no
+    capability and no-new-privileges; the checkpoints they write on the node are that uid's (as root, before the
+    hardening, every one of these was 0)."""
+    for node in job.nodes:
+        st = state_of(job, node)
+        for pid in [st["pid"], *trainers(job, node)]:
+            status = job.exec(node, ["cat", f"/proc/{pid}/status"]).stdout
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            assert fields["Uid"].split()[:2] == ["65532", "65532"], (node, pid, fields["Uid"])
+            assert fields["Gid"].split()[:2] == ["65532", "65532"], (node, pid, fields["Gid"])
+            assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0, (node, pid, fields["CapBnd"])
+            assert fields["NoNewPrivs"].strip() == "1", (node, pid)
+    owners = job.exec(job.head, ["sh", "-c", f"stat -c %u:%g {OUT}/checkpoint-* | sort -u"]).stdout.split()
+    assert owners == ["65532:65532"], owners
+
+
 def test_second_launch_starts_no_second_copy(job):
     before = {n: state_of(job, n) for n in job.nodes}
     r, recap = play(job, "-e", "test_launch_prepare=false", *EXTRA)

@@ -239,7 +239,7 @@ def test_health_records_when_probe_cannot_run():
     assert "executable file not found" in by["container.health.python"]["detail"]
     assert all(r["status"] == "skip" for c, r in by.items() if c != "container.health.python")
     skipped = cf.health_records({"skipped": True, "skip_reason": "trainyard-train is not running"}, PARAMS)
-    assert len(skipped) == 9 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
+    assert len(skipped) == 10 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
 
 
 # ---------------------------------------------------------------- gpu mode devices
@@ -334,3 +334,84 @@ def test_config_problems_gpu_mode_devices_wants_the_device_nodes():
     assert cf.config_problems(inspect, want) == [
         "GPU device node(s) /dev/nvidia0 not given to the container (gpu_mode devices)"]
     assert cf.config_problems(inspect, dict(want, gpu_mode="runtime")) == ["no GPU device request (the node has GPUs)"]
+
+
+# ---------------------------------------------------------------------------------------------- hardening
+
+HARD = {"user": "65532:65532", "cap_add": [], "no_new_privileges": True}
+
+
+def hardened(**over):
+    c = inspect(Config={"User": "65532:65532"},
+                HostConfig={"CapDrop": ["ALL"], "CapAdd": None, "SecurityOpt": ["no-new-privileges"]})
+    for k, v in over.items():
+        c[k] = {**c.get(k, {}), **v}
+    return c
+
+
+def test_hardened_container_as_wanted():
+    assert cf.config_problems(hardened(), {**WANT, **HARD}) == []
+    # docker's other spellings of the option, and capability names with or without CAP_
+    ok = hardened(HostConfig={"CapDrop": ["ALL"], "CapAdd": ["CAP_IPC_LOCK"], "SecurityOpt": ["no-new-privileges:true"]})
+    assert cf.config_problems(ok, {**WANT, **HARD, "cap_add": ["ipc_lock"]}) == []
+
+
+def test_a_container_of_the_old_settings_is_named():
+    """A container started before the hardening (root, docker's default capabilities, no no-new-privileges):
+    every difference is a problem, so container.running fails until site.yml recreates it."""
+    problems = cf.config_problems(inspect(), {**WANT, **HARD})
+    assert problems == ["runs as user root (the image default), expected 65532:65532",
+                        "capabilities dropped: none, expected ALL",
+                        "no-new-privileges is not set, expected set"], problems
+
+
+@pytest.mark.parametrize("host,config,needle", [
+    ({"CapAdd": ["CAP_SYS_ADMIN"]}, {}, "capabilities added: CAP_SYS_ADMIN, expected none"),
+    ({"CapDrop": ["NET_RAW"]}, {}, "capabilities dropped: NET_RAW, expected ALL"),
+    ({"SecurityOpt": ["no-new-privileges:false"]}, {}, "no-new-privileges is not set"),
+    ({}, {"User": "root"}, "runs as user root, expected 65532:65532"),
+])
+def test_hardening_problems_named(host, config, needle):
+    c = hardened()
+    c["HostConfig"].update(host)
+    c["Config"].update(config)
+    assert any(needle in p for p in cf.config_problems(c, {**WANT, **HARD})), cf.config_problems(c, {**WANT, **HARD})
+
+
+def test_opt_outs_compare_as_asked():
+    root = hardened(Config={"User": "root"}, HostConfig={"CapDrop": ["ALL"], "CapAdd": None, "SecurityOpt": None})
+    assert cf.config_problems(root, {**WANT, "user": "root", "cap_add": [], "no_new_privileges": False}) == []
+    # "" is the image's USER: whatever the image says is as wanted
+    assert cf.config_problems(root, {**WANT, "user": "", "cap_add": [], "no_new_privileges": False}) == []
+
+
+def test_caps_spec_normalises_to_dockers_names():
+    assert cf.caps_spec(["ipc_lock", "CAP_IPC_LOCK", " sys_nice ", ""]) == ["CAP_IPC_LOCK", "CAP_SYS_NICE"]
+    assert cf.caps_spec(None) == []
+
+
+def test_job_user():
+    assert cf.job_user("65532:65532", "/tmp/h") == {
+        "user": "65532:65532", "ids": [65532, 65532],
+        "env": {"HOME": "/tmp/h", "USER": "trainyard", "LOGNAME": "trainyard"}}
+    assert cf.job_user("root", "/tmp/h") == {"user": "root", "ids": None, "env": {}}
+    assert cf.job_user("", "/tmp/h") == {"user": None, "ids": None, "env": {}}
+    with pytest.raises(ValueError):
+        cf.job_user("1000", "/tmp/h")
+
+
+def test_dirs_to_give_only_roots_unwritable_directories():
+    out = "\0".join([
+        "0:0:755:directory:/srv/outputs",           # made by mkdir -p: given
+        "0:0:1777:directory:/srv/job-rw/progress",  # world-writable already: left
+        "1000:1000:755:directory:/srv/shared-space",  # another owner: left
+        "65532:65532:755:directory:/srv/code",      # the job's already
+        "0:65532:775:directory:/srv/grp",           # writable through the group
+        "0:0:777:symbolic link:/srv/link",          # a link: never followed, never given
+        "0:0:700:directory:/srv/a:b",               # a colon in the path
+        "0:0:755:directory:/srv/outputs/code",      # below another writable source: its parent is the job's
+    ]) + "\0"
+    assert cf.dirs_to_give(out, "65532:65532") == ["/srv/outputs", "/srv/a:b"]
+    assert cf.dirs_to_give(out, "root") == []
+    assert cf.dirs_to_give(out, "") == []
+    assert cf.dirs_to_give("", "65532:65532") == []

@@ -102,3 +102,23 @@ def test_gpu_visible_lists_the_uuids_nvidia_smi_shows(tmp_path: Path, monkeypatc
 def test_gpu_visible_skips_without_gpus():
     out = probe({"gpus": False, "gpu_skip_reason": "no GPU on this node (/dev/nvidiactl absent)"})
     assert out["gpu_visible"] == {"status": "skip", "detail": "no GPU on this node (/dev/nvidiactl absent)"}
+
+
+def probe_env(params: dict, env: dict) -> dict:
+    r = subprocess.run([sys.executable, str(PROBE), json.dumps(params)], capture_output=True, text=True, timeout=120,
+                       check=True, env=env)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_home_is_created_and_written_or_named(tmp_path: Path):
+    """The job's HOME (container_home): created when missing (a uid without a passwd entry has none), written; an
+    unwritable or unset HOME fails with the path and the uid."""
+    home = tmp_path / "h" / "home"
+    out = probe_env({}, {"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert ok(out["home"]) and home.is_dir() and list(home.iterdir()) == [], out["home"]
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    out = probe_env({}, {"HOME": str(blocked / "home"), "PATH": "/usr/bin:/bin"})
+    assert not ok(out["home"]) and "cannot be created by uid" in out["home"]["detail"], out["home"]
+    out = probe_env({}, {"PATH": "/usr/bin:/bin"})
+    assert not ok(out["home"]) and "HOME is not set" in out["home"]["detail"]

@@ -177,6 +177,16 @@ def test_write_atomic_leaves_no_temp(tmp_path):
     assert os.listdir(tmp_path) == ["launch.json"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another group needs root (the launch module is root)")
+def test_write_atomic_gives_the_group_before_the_mode(tmp_path):
+    """The container's launch spec: 0640 with the group of job-ro (container_user's gid), so the launcher run as
+    that unprivileged user reads it."""
+    p = tmp_path / "launch.spec.json"
+    tr.write_atomic(str(p), "{}", 0o640, gid=65532)
+    st = p.stat()
+    assert (st.st_gid, st.st_mode & 0o777, st.st_uid) == (65532, 0o640, 0)
+
+
 def test_log_rotation_shifts_oldest_first():
     pairs = tr.rotated_names("/l/t.log", keep=3)
     assert pairs == [("/l/t.log.2", "/l/t.log.3"), ("/l/t.log.1", "/l/t.log.2"), ("/l/t.log", "/l/t.log.1")]

@@ -348,6 +348,11 @@ def run_as_plugin(hostvars: dict) -> list[str]:
     ({"container_mounts_extra": [{"source": "/data", "target": "/srv/trainyard/code/"}]},  # the code mount
      "mount /srv/trainyard/code more than once"),
     ({"container_mounts": [{"source": "/a", "target": "/x"}, {"source": "/b", "target": "/x"}]}, "mount /x more"),
+    ({"container_user": "trainer"}, "container_user is not uid:gid numbers"),      # a name: image vs host passwd
+    ({"container_user": "1000"}, "container_user is not uid:gid numbers"),        # no gid: docker gives gid 0
+    ({"container_user": "1000:0"}, "container_user is not uid:gid numbers"),      # root's group
+    ({"container_user": "0:1000"}, "container_user is not uid:gid numbers"),
+    ({"container_user": "1000:1000 --privileged"}, "container_user is not uid:gid numbers"),
 ])
 def test_role_rules_stop_on_the_controller(variables, expect):
     problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables}, "n2": {"ansible_host": "198.51.100.2"}})
@@ -376,6 +381,10 @@ def test_role_rules_stop_on_the_controller(variables, expect):
      "container_registry_username": "u", "container_registry_password": "p",
      "container_mounts_extra": [{"source": "/data", "target": "/mnt/data", "read_only": True, "create": False}]},
     {"container_enabled": False, "launch_runtime": "host", "container_image": "", "container_shm_size": "lots"},
+    {"container_user": "1000:1000", "container_cap_add": ["IPC_LOCK"], "container_no_new_privileges": False},
+    {"container_user": "root"},                                                   # the opt-outs docs/security.md names
+    {"container_user": "0:0"},
+    {"container_user": ""},
 ])
 def test_role_rules_pass_good_values(variables):
     assert run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables},

@@ -54,6 +54,22 @@ def check_output_writable(path):
     return {"ok": True, "detail": f"wrote, read back and removed a probe file in {path}"}
 
 
+def check_home():
+    """HOME of the job (the probe runs as the job's user, with its environment): created if missing, as pip, Hugging
+    Face and torch do, and written. A uid the image has no passwd entry for would get HOME=/ from docker."""
+    home = os.environ.get("HOME") or ""
+    who = f"uid {os.getuid()}:{os.getgid()}"
+    if not home:
+        return {"ok": False, "detail": f"HOME is not set for {who}"}
+    try:
+        os.makedirs(home, exist_ok=True)
+    except OSError as exc:
+        return {"ok": False, "detail": f"HOME {home} cannot be created by {who}: {_err(exc)}"}
+    res = check_output_writable(home)
+    res["detail"] = f"HOME {home}, {who}: " + res["detail"]
+    return res
+
+
 def check_shared_readable(path):
     if not path:
         return {"status": "skip", "detail": "no shared root configured"}
@@ -213,6 +229,7 @@ def main(argv):
         "code_dir": check_code_dir(params.get("code_dir")),
         "output_writable": check_output_writable(params.get("output_root")),
         "shared_readable": check_shared_readable(params.get("shared_root")),
+        "home": check_home(),
         "ulimits": check_ulimits(params.get("ulimits") or {}),
         "shm": check_shm(int(params.get("shm_size_bytes") or 0)),
     }

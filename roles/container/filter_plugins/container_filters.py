@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import size_bytes
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
 
 
 def image_repository(ref: str) -> str:
@@ -152,10 +152,92 @@ def ulimits_spec(ulimits: dict) -> list:
     return out
 
 
+def caps_spec(caps: list) -> list:
+    """container_cap_add -> the names docker records (CAP_ prefix, upper case, sorted, once each): the role passes
+    these, so the engine's inspect data compares equal on a converged run."""
+    names = set()
+    for cap in caps or []:
+        name = str(cap).strip().upper()
+        if name:
+            names.add(name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name)
+    return sorted(names)
+
+
+def job_user(user, home: str) -> dict:
+    """container_user -> what the container runs with: {user: value for docker_container (None: the image's USER),
+    ids: [uid, gid] or None (root, the image's), env: HOME and USER for a uid the image has no passwd entry for
+    (docker would leave HOME=/; getpass.getuser(), used by torch's compile caches, needs USER)}."""
+    text = str(user if user is not None else "").strip()
+    ids = container_user_ids(text)
+    return {"user": text or None, "ids": list(ids) if ids else None,
+            "env": {"HOME": home, "USER": "trainyard", "LOGNAME": "trainyard"} if ids else {}}
+
+
+def dirs_to_give(stat_out: str, user) -> list:
+    """The writable mount sources to give to the job's uid:gid (the top directory only, never recursive).
+
+    stat_out: `stat --printf '%u:%g:%a:%F:%n\\0'` of each source (links not followed). A directory is given when
+    root owns it and the job's uid cannot write it (a 0755 directory made by mkdir -p, or by an earlier root
+    container); one of another owner (an operator's shared space) or already writable (1777) is left as it is, and
+    a symlink is never followed. A source below another writable source is left too: the job could swap a directory
+    on its path for a symlink between the read and the chown (chown -h follows every component but the last).
+    Nothing is given when the job runs as root or as the image's user.
+    """
+    ids = container_user_ids(user)
+    if not ids:
+        return []
+    uid, gid = ids
+    entries = [e.strip("\n").split(":", 4) for e in (stat_out or "").split("\0")]
+    roots = [p[4].rstrip("/") + "/" for p in entries if len(p) == 5]
+    out = []
+    for parts in entries:
+        if len(parts) != 5 or parts[3] != "directory":
+            continue
+        if any(parts[4].startswith(r) for r in roots):
+            continue
+        try:
+            owner, group, mode = int(parts[0]), int(parts[1]), int(parts[2], 8)
+        except ValueError:
+            continue
+        writable = (mode & 0o002) or (owner == uid and mode & 0o200) or (group == gid and mode & 0o020)
+        if owner == 0 and not writable and parts[4] not in out:
+            out.append(parts[4])
+    return out
+
+
+def hardening_problems(inspect: dict, expected: dict) -> list:
+    """The container's user, capabilities and no-new-privileges against the wanted ones (config_problems' part).
+
+    expected: {user: str, cap_add: [names], no_new_privileges: bool}; a key left out (or user "") is not checked.
+    """
+    problems = []
+    host, config = inspect.get("HostConfig") or {}, inspect.get("Config") or {}
+    want = str(expected.get("user") or "")
+    if want and want != str(config.get("User") or ""):  # "" (the image's USER) is whatever the image says
+        problems.append(f"runs as user {config.get('User') or 'root (the image default)'}, expected {want}")
+    if "cap_add" in expected:
+        if caps_spec(host.get("CapDrop")) != ["ALL"]:
+            problems.append(f"capabilities dropped: {', '.join(host.get('CapDrop') or []) or 'none'}, expected ALL")
+        want_caps, have_caps = caps_spec(expected["cap_add"]), caps_spec(host.get("CapAdd"))
+        if want_caps != have_caps:
+            problems.append(f"capabilities added: {', '.join(have_caps) or 'none'}, expected "
+                            f"{', '.join(want_caps) or 'none'}")
+    if "no_new_privileges" in expected:
+        # docker accepts no-new-privileges, no-new-privileges:true and no-new-privileges=true
+        nnp = any(key == "no-new-privileges" and value in ("", "true")
+                  for key, _, value in (str(o).replace("=", ":", 1).partition(":")
+                                        for o in host.get("SecurityOpt") or []))
+        if nnp != bool(expected["no_new_privileges"]):
+            problems.append("no-new-privileges is " + ("set" if nnp else "not set") + ", expected "
+                            + ("set" if expected["no_new_privileges"] else "not set"))
+    return problems
+
+
 def config_problems(inspect: dict | None, expected: dict) -> list:
     """Differences between a container's inspect data and what the role wants (empty list: as wanted).
 
-    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool}
+    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool,
+               user, cap_add, no_new_privileges (hardening_problems)}
     """
     if not inspect:
         return ["container does not exist"]
@@ -184,6 +266,7 @@ def config_problems(inspect: dict | None, expected: dict) -> list:
         if bool(got.get("RW", True)) == m["read_only"]:
             problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
                             f"{'ro' if m['read_only'] else 'rw'}")
+    problems.extend(hardening_problems(inspect, expected))
     if expected.get("gpus") and expected.get("gpu_mode", "runtime") == "runtime":
         reqs = host.get("DeviceRequests") or []
         if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
@@ -298,10 +381,14 @@ _HEALTH_FIX = {
     "code_dir": "Create the code directory on the node ({path}) and put the training code there, "
                 "or set cluster_code_dir / container_mounts",
     "output_writable": "The output root {path} is not writable inside the container: check the node's disk "
-                       "(mount -o remount,rw, df -h, dmesg for I/O errors) and that container_mounts does not "
-                       "mount it read-only",
+                       "(mount -o remount,rw, df -h, dmesg for I/O errors), that container_mounts does not "
+                       "mount it read-only, and that the uid:gid of container_user may write it (the role gives "
+                       "it a root-owned directory only; chown that uid:gid {path} for another owner's)",
     "shared_readable": "The shared root {path} is not readable inside the container: mount the shared "
-                       "filesystem on the node (findmnt {path}) and check its permissions",
+                       "filesystem on the node (findmnt {path}) and check its permissions (readable by the uid of "
+                       "container_user)",
+    "home": "The job's HOME is not writable by its user: set container_home to a path the uid of container_user can "
+            "create (the default /tmp/trainyard-home), or HOME in container_env",
     "logger": "The training code logs through {module}, which the image cannot import: add it to the image "
               "(pip install {module}), or set container_logger_module to the logger the code uses",
     "python": "The image has no working {python}: use an image with Python, or set container_python",
@@ -324,7 +411,7 @@ def health_records(exec_result: dict | None, params: dict) -> list:
     """
     import json
 
-    names = ["code_dir", "output_writable", "shared_readable", "logger", "python", "torch", "ulimits", "shm",
+    names = ["code_dir", "output_writable", "shared_readable", "home", "logger", "python", "torch", "ulimits", "shm",
              "gpu_visible"]
     fmt = {"path": "", "module": params.get("logger_module", ""), "python": params.get("python", "python3"),
            "want": params.get("shm_size", "")}
@@ -377,6 +464,9 @@ class FilterModule:
             "container_mounts_spec": mounts_spec,
             "container_ulimits_spec": ulimits_spec,
             "container_config_problems": config_problems,
+            "container_caps_spec": caps_spec,
+            "container_job_user": job_user,
+            "container_dirs_to_give": dirs_to_give,
             "container_health_records": health_records,
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,

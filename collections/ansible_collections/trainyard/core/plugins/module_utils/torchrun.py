@@ -337,15 +337,18 @@ def dumps_state(state):
     return json.dumps(state, indent=2, sort_keys=True) + "\n"
 
 
-def write_atomic(path, text, mode=0o644):
+def write_atomic(path, text, mode=0o644, gid=None):
     """Replace path with text: a fresh temporary file beside it (created exclusively, never through a symlink),
-    then a rename (which replaces a symlink at path rather than following it)."""
+    then a rename (which replaces a symlink at path rather than following it). gid: the file's group (on the
+    descriptor, before the mode is set), else the creator's."""
     tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            if gid is not None:
+                os.fchown(f.fileno(), -1, gid)
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.rename(tmp, path)

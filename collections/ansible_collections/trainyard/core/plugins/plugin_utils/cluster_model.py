@@ -888,7 +888,39 @@ def _container_rules(h: str, t: Mapping, v) -> list[Problem]:
     if v("container_registry_password") and not v("container_registry_username"):
         stop("container_registry_password is set but container_registry_username is empty",
              "set both (or neither, for a registry without login)")
+    problems.extend(_container_user_rule(h, v))
     return problems
+
+
+# ---- container hardening (container_user): one parser, used by this rule and by the container role's filters.
+def container_user_ids(user: Any) -> tuple[int, int] | None:
+    """container_user -> (uid, gid) of an unprivileged job user, or None for root ("root", "0", "0:0") and for ""
+    (the image's USER). Raises ValueError for any other form: a name would be looked up in the image's passwd by
+    docker but in the host's by the role's chown, and a uid without a gid runs with gid 0 (root's group)."""
+    text = str(user if user is not None else "").strip()
+    if text in ("", "root", "0", "0:0"):
+        return None
+    m = re.fullmatch(r"(\d{1,10}):(\d{1,10})", text)
+    if not m or int(m.group(1)) > 2 ** 31 - 2 or int(m.group(2)) > 2 ** 31 - 2:
+        raise ValueError(text)
+    uid, gid = int(m.group(1)), int(m.group(2))
+    if uid == 0 or gid == 0:
+        raise ValueError(text)
+    return uid, gid
+
+
+def _container_user_rule(h: str, v) -> list[Problem]:
+    user = v("container_user")
+    if user is None:
+        return []
+    try:
+        container_user_ids(user)
+    except ValueError:
+        return [Problem("container_user is not uid:gid numbers, root or \"\"",
+                        "set container_user to an unprivileged uid:gid no host process uses (default 65532:65532); "
+                        "root, or \"\" for the image's USER, are opt-outs (docs/security.md)",
+                        "container_user", user, [h], True)]
+    return []
 
 
 def _check_node_counts(h: str, n: int, t: Mapping, specs: Mapping[str, Mapping]) -> list[Problem]:
