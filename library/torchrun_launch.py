@@ -129,9 +129,13 @@ options:
       files and a stop empty it (it stays, as the container mounts it).
     type: path
   secrets_uid:
-    description: Owner (uid; the gid is the same) of the secret files, the uid the job runs as.
+    description:
+      - Owner (uid; the gid is the same unless the container's user names one) of the secret files, the uid the job
+        runs as.
+      - C(-1) (the default) takes the training container's user (C(docker inspect), C(Config.User) as C(uid:gid)) with
+        runtime docker, root (0) with runtime host or a container whose user is root or a name.
     type: int
-    default: 0
+    default: -1
   first_launch_env:
     description:
       - Variables for this node's first launch of the job only (no state file from an earlier launch), applied
@@ -396,6 +400,15 @@ except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing
 
 PID_FILE_WAIT = 20.0
 SECRETS_DIR_ENV = "TRAINYARD_SECRETS_DIR"
+
+
+def container_user_ids(user):
+    """(uid, gid) of a container's Config.User: "uid:gid" or "uid" numeric; root for "", "root" or a name (the
+    engine would look a name up in the image's passwd, which the host cannot read)."""
+    uid, _sep, gid = user.partition(":")
+    if not uid.isdigit():
+        return 0, 0
+    return int(uid), int(gid) if gid.isdigit() else int(uid)
 
 
 def write_secret_files(path, values, uid, gid):
@@ -744,14 +757,25 @@ class Launch(object):
                              "secrets; add container_mounts_extra: [{source: %s, read_only: true}] and rerun site.yml "
                              "(the container is recreated)" % (self.p["container"], want, want), **self.result)
 
+    def secrets_owner(self):
+        """(uid, gid) of the secret files: secrets_uid when given, else the training container's numeric user."""
+        uid = int(self.p["secrets_uid"])
+        if uid >= 0:
+            return uid, uid
+        if self.p["runtime"] != "docker":
+            return 0, 0
+        rc, out, _err = self.m.run_command([self.p["docker"], "inspect", "--format", "{{.Config.User}}",
+                                            self.p["container"]])
+        return container_user_ids(out.strip() if rc == 0 else "")
+
     def place_secrets(self):
         """secret_env_mode=file: one 0400 file per secret in a 0500 directory owned by secrets_uid, written through
         directory descriptors (no link followed, created exclusively, fchown/fchmod on the descriptors); files of
         secrets no longer given are removed. Returns the directory."""
         path = self.secrets_dir()
-        uid = int(self.p["secrets_uid"])
+        uid, gid = self.secrets_owner()
         try:
-            write_secret_files(path, getattr(self, "secret_values", {}), uid, uid)
+            write_secret_files(path, getattr(self, "secret_values", {}), uid, gid)
         except (OSError, ValueError) as e:
             self.m.fail_json(msg="secret_env_mode=file: cannot write the secret files into %s: %s; its parent must "
                                  "be the launch role's host-only directory (launch_secret_env_file's)" % (
@@ -1082,7 +1106,7 @@ def main():
             secret_env_file=dict(type="path", default=""),
             secret_env_mode=dict(type="str", default="env", choices=["env", "file"]),
             secrets_dir=dict(type="path", default=""),
-            secrets_uid=dict(type="int", default=0),
+            secrets_uid=dict(type="int", default=-1),
             chdir=dict(type="path"),
             log=dict(type="path"),
             runtime=dict(type="str", default="host", choices=["host", "docker"]),

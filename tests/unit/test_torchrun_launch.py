@@ -205,3 +205,14 @@ def test_write_secret_files_replaces_a_planted_link_and_drops_old_names(tmp_path
     assert list((tmp_path / "real").iterdir()) == []
     with pytest.raises(ValueError):
         tl.write_secret_files(str(d), {"../x": "x"}, os.getuid(), os.getgid())
+
+
+def test_secret_files_belong_to_the_containers_user():
+    """secrets_uid -1 (the default) takes the training container's numeric user, so a job that runs as
+    container_user (65532:65532 by default) can read its 0400 secret files; a name or root gives root."""
+    mod = load("library/torchrun_launch.py")
+    assert mod.container_user_ids("65532:65532") == (65532, 65532)
+    assert mod.container_user_ids("1000:2000") == (1000, 2000)
+    assert mod.container_user_ids("1000") == (1000, 1000)
+    for user in ("", "root", "0:0", "trainer", "trainer:1000"):
+        assert mod.container_user_ids(user) == (0, 0), user
