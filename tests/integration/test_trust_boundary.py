@@ -45,8 +45,10 @@ def play(cluster, *args):
     return cluster.playbook(PLAYBOOK, *args)
 
 
-def in_container(cluster, node, script):
-    return cluster.exec(node, ["docker", "exec", CTR, "sh", "-c", script], check=False)
+def in_container(cluster, node, script, user=None):
+    """script in the training container, as the job's user (container_user) or as user (e.g. "0": a root job)."""
+    return cluster.exec(node, ["docker", "exec", *(["-u", user] if user else []), CTR, "sh", "-c", script],
+                        check=False)
 
 
 def module(cluster, node, args):
@@ -78,8 +80,11 @@ def test_container_sees_only_the_jobs_read_only_and_writable_parts(prepared):
     assert in_container(c, node, f"cat {STATE}/host-only.txt").returncode != 0
     r = in_container(c, node, f"echo pwned > {STATE}/job-ro/test.env")
     assert r.returncode != 0 and "Read-only file system" in r.stderr, r.stdout + r.stderr
-    # Writing where the host keeps its control state lands in the container's own filesystem, not the host's.
-    assert in_container(c, node, f"echo forged > {STATE}/launch.json && echo x > {STATE}/janitor.py").returncode == 0
+    # Writing where the host keeps its control state lands in the container's own filesystem, not the host's, even
+    # for a job that runs as root in the container (container_user: root); the default job user cannot write there.
+    assert in_container(c, node, f"echo forged > {STATE}/launch.json").returncode != 0
+    assert in_container(c, node, f"echo forged > {STATE}/launch.json && echo x > {STATE}/janitor.py",
+                        user="0").returncode == 0
     assert c.exec(node, ["cat", f"{STATE}/host-only.txt"]).stdout == "host-only\n"
     assert c.exec(node, ["test", "-e", f"{STATE}/launch.json"], check=False).returncode != 0
     assert in_container(c, node, f"echo ok > {STATE}/job-rw/probe && rm {STATE}/job-rw/probe").returncode == 0
