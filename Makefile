@@ -7,6 +7,8 @@ PYTHON      ?= python3
 NODES       ?= 3
 DATA_MTU    ?= 9000
 SIM_NAME    ?= ty
+# Test workers: the unit suite and the integration suite (one simulated cluster per worker) run this many at once.
+TEST_WORKERS ?= 2
 SIM         := $(VENV)/bin/python tests/sim/simcluster.py
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -62,13 +64,13 @@ lint: venv ## yamllint, ansible-lint (production profile) and pyflakes over the 
 	pyflakes library action_plugins filter_plugins callback_plugins inventory_plugins collections roles/*/filter_plugins roles/*/files tests
 
 unit: venv ## unit and property tests (no cluster needed)
-	pytest -q tests/unit
+	pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests/unit
 
 molecule: images ## molecule scenarios (docker driver, simulated-node image)
 	set -e; for s in $$(ls molecule); do echo "== molecule test -s $$s"; molecule test -s $$s; done
 
 integration: images ## integration tests on simulated clusters
-	pytest -q -p no:cacheprovider tests/integration
+	pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/integration
 
 test: lint unit molecule integration ## everything CI runs
 

@@ -4,6 +4,8 @@
 that break something on it must put it back (use `try/finally`). `make_cluster(name, nodes, mtu)` brings
 up a private cluster for a test that needs its own, and removes it afterwards.
 Set TY_SIM_KEEP=1 to leave clusters running after the session (for debugging).
+Under pytest-xdist (`make integration` runs two workers) each worker after the first has clusters of its own: its
+number is appended to TY_SIM_NAME ("it1") and to TY_SIM_PREFIX ("w1"), before any test reads them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the toolchain beside the Python that runs the tests
 SIM = [sys.executable, str(REPO / "tests/sim/simcluster.py")]
 
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+if _WORKER:
+    os.environ["TY_SIM_NAME"] = os.environ.get("TY_SIM_NAME", "it") + str(_WORKER)
+    os.environ["TY_SIM_PREFIX"] = os.environ.get("TY_SIM_PREFIX", "") + "w%d" % _WORKER
+
 _RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)"
                     r"\s+skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 
@@ -35,6 +42,18 @@ def wait_until(pred, timeout, step=1.0):
             return v
         time.sleep(step)
     return pred()
+
+
+def run_dir_of(output: str) -> Path:
+    """This run's report directory, as the report play prints it (runs/latest may be another run's by now: another
+    test, or another pytest-xdist worker)."""
+    found = re.findall(r"Report: (\S+)/report\.json", output)
+    assert found, output[-3000:]
+    return Path(found[-1])
+
+
+def report_of(output: str) -> dict:
+    return json.loads((run_dir_of(output) / "report.json").read_text())
 
 
 def parse_recap(output: str) -> dict[str, dict[str, int]]:

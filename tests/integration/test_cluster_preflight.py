@@ -4,26 +4,12 @@ unreachable node are all reported at once, and the run fails only after the whol
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import tempfile
-from pathlib import Path
 
-from conftest import parse_recap
+from conftest import parse_recap, report_of, run_dir_of
 
 PLAY = "tests/integration/playbooks/cluster.yml"
-
-
-def run_dir_of(output: str) -> Path:
-    """This run's report directory, as the report play prints it (runs/latest may be another run's by now)."""
-    found = re.findall(r"Report: (\S+)/report\.json", output)
-    assert found, output[-3000:]
-    return Path(found[-1])
-
-
-def report_of(output: str) -> dict:
-    return json.loads((run_dir_of(output) / "report.json").read_text())
 
 
 def test_clean_cluster_passes_and_writes_the_report(cluster):

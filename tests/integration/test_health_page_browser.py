@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_dir_of
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -35,7 +35,7 @@ def test_health_page_of_a_failing_cluster(cluster):
     finally:
         cluster.set_mtu(worker, 9000)
     assert r.returncode != 0, r.stdout
-    run_dir = (REPO / "runs" / "latest").resolve()
+    run_dir = run_dir_of(r.stdout)
     page = run_dir / "health.html"
     assert page.is_file(), f"no health page in {run_dir}:\n{r.stdout[-3000:]}"
     assert str(page) in r.stdout  # the path is printed at the end of the run

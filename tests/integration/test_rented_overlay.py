@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SIM, BIN, ansible_env, parse_recap, run_playbook
+from conftest import REPO, SIM, BIN, ansible_env, parse_recap, report_of, run_playbook
 
 OVERLAY_MTU = 1450
 
@@ -75,7 +75,7 @@ def test_site_runs_the_job_on_the_overlay_then_reset(rented):
     assert r.returncode == 0, r.stdout[-5000:]
     recap = parse_recap(r.stdout)
     assert all(recap[h]["failed"] == 0 and recap[h]["unreachable"] == 0 for h in hosts), recap
-    report = json.loads((REPO / "runs/latest/report.json").read_text())
+    report = report_of(r.stdout)
     rec = {(x["host"], x["check"]): x for x in report["records"]}
     for host, node in zip(hosts, nodes):
         assert rec[(host, "network.iface")]["status"] == "pass"

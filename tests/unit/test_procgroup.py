@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -203,7 +204,9 @@ def run_launcher(tmp_path, argv, env=None, env_files=(), token=None, chdir=""):
             "chdir": chdir, "token": token, "pid_file": str(tmp_path / "pid.json"),
             "exit_file": str(tmp_path / "exit.json"), "resume_from": "", "leftover_grace": 1}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    pid, ticks = pg.start_detached([sys.executable, str(launcher), str(tmp_path / "spec.json")])
+    # As the module starts it: the token in the launcher's own environment too (what check_pid_record looks for).
+    pid, ticks = pg.start_detached([sys.executable, str(launcher), str(tmp_path / "spec.json")],
+                                   env=dict(os.environ, **{tr.TOKEN_ENV: token}))
     return pid, ticks, token
 
 
@@ -228,6 +231,25 @@ def test_launcher_reports_a_missing_program(tmp_path):
     ex = wait_for(lambda: (tmp_path / "exit.json").exists() and json.loads((tmp_path / "exit.json").read_text()))
     assert ex["returncode"] == 127 and ex["exec_failed"]
     assert "cannot run /nonexistent/torchrun" in (tmp_path / "j.log").read_text()
+
+
+def test_launcher_records_its_child_only_after_the_exec(tmp_path):
+    # The child's exec is made slow (a PATH of 12,000 missing directories before sleep's own, under the kernel's
+    # 128 KiB limit for one variable): the recorded child must already be the job's program with the token in its
+    # own environment, never the launcher's copy between fork and exec.
+    sleep_dir = os.path.dirname(shutil.which("sleep"))
+    path = ":".join("/n/%d" % i for i in range(12000)) + ":" + sleep_dir
+    pid, ticks, token = run_launcher(tmp_path, ["sleep", "300"], env={"PATH": path})
+    info = wait_for(lambda: (tmp_path / "pid.json").exists() and json.loads((tmp_path / "pid.json").read_text()))
+    try:
+        exe = os.readlink("/proc/%d/exe" % info["child_pid"])
+        environ = Path("/proc/%d/environ" % info["child_pid"]).read_bytes().split(b"\0")
+        assert os.path.basename(exe) == "sleep", exe
+        assert ("TRAINYARD_LAUNCH_ID=%s" % token).encode() in environ
+        assert tr.check_pid_record(info, token, pg.read_stat, pg.read_environ)["child_pid"] == info["child_pid"]
+    finally:
+        pg.signal_process(pid, ticks, signal.SIGTERM)
+        wait_for(lambda: (tmp_path / "exit.json").exists())
 
 
 def test_launcher_ends_workers_its_agent_left_behind(tmp_path):

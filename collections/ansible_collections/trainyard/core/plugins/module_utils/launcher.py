@@ -266,6 +266,10 @@ def main():
             os.write(w, b"x")
             os._exit(127)
     os.close(w)
+    # Wait for the exec (the pipe closes on success, carries a byte on failure): the child recorded below is then the
+    # job's own program with its own environment (the host checks the token there), never the copy between the two.
+    exec_failed = bool(os.read(r, 1))
+    os.close(r)
     child_ticks = None
     for _ in range(200):
         st = stat(child)
@@ -300,7 +304,6 @@ def main():
             break
         if pid == child:
             break
-    exec_failed = bool(os.read(r, 1))
     rc = os.waitstatus_to_exitcode(status)
     sys.stdout.write("trainyard-launch: %s %s exited with %s\n" % (
         time.strftime("%Y-%m-%dT%H:%M:%S"), spec.get("name", "job"),
