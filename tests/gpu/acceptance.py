@@ -50,6 +50,7 @@ class Acceptance:
         self.inv = "tests/gpu/two-nodes-container" if mode == "container-llamafactory" else "tests/gpu/two-nodes"
         self.shape = None
         self.results: dict = {"steps": {}, "figures": {}, "ok": True}
+        self.nodes = nodes if gpus_per_node else 2  # the fixed inventories have two nodes
         self.env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                         ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1", **GPU_ENV)
         if rehearsal:
@@ -228,8 +229,8 @@ class Acceptance:
         inter = self.records("site", "nccl_check.inter_node")
         self.results["preflight"] = {h: {"smi": smi.get(h, {}).get("detail"), "gpu_map": gmap.get(h, {}).get("data"),
                                          "fabric": (fabric.get(h, {}).get("status"), fabric.get(h, {}).get("detail"))}
-                                     for h in ("gpu-node0", "gpu-node1")}
-        self.check("preflight", all(r.get("status") == "pass" for r in smi.values()) and len(smi) == 2,
+                                     for h in (f"gpu-node{i}" for i in range(self.nodes))}
+        self.check("preflight", all(r.get("status") == "pass" for r in smi.values()) and len(smi) == self.nodes,
                    "; ".join(f"{h}: {r.get('detail')}" for h, r in sorted(smi.items())))
         busbw = (inter.get("gpu-node0") or {}).get("data", {}).get("busbw_gbps")
         self.results["figures"]["inter_busbw_tcp_profile_gbps"] = busbw
