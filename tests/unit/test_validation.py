@@ -461,3 +461,46 @@ def test_only_the_jobs_own_parts_may_be_mounted_below_the_state_directory():
     assert line.startswith("Stop if cluster_state_dir holds a directory the training container mounts"), line
     assert run(three(cluster_state_dir="/var/lib/ty", janitor_dir="/var/lib/ty/demo", cluster_job_name="demo")) == []
     assert run(three(cluster_state_dir="/var/lib/ty/")) == []
+
+
+# Fabric settings as clouds publish them, given with nccl_env_profile tcp: the profile's NCCL_IB_DISABLE=1 would turn
+# each into TCP sockets without a word. GCP's gIB (RoCE) settings: the ENV lines of GoogleCloudPlatform's
+# gpudirect-gib nccl-plugin-gib-diagnostic image; an InfiniBand site's (NCCL_IB_HCA, NCCL_IB_CUDA_SUPPORT,
+# NCCL_IB_DISABLE=0 as FlagPerf's nvidia configs set them); an RDMA site that selects RoCE v2 (NCCL_IB_GID_INDEX=3)
+# with UCX's devices named; AWS EFA (FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA as older launch scripts set it).
+GIB = {"NCCL_NET": "gIB", "NCCL_CROSS_NIC": 0, "NCCL_NET_GDR_LEVEL": "PIX", "NCCL_P2P_NET_CHUNKSIZE": 131072,
+       "NCCL_NVLS_CHUNKSIZE": 524288, "NCCL_IB_ADAPTIVE_ROUTING": 1, "NCCL_IB_QPS_PER_CONNECTION": 4,
+       "NCCL_IB_TC": 52, "NCCL_IB_FIFO_TC": 84, "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb"}
+IB = {"NCCL_IB_DISABLE": 0, "NCCL_IB_CUDA_SUPPORT": 1, "NCCL_IB_HCA": "mlx5_2,mlx5_5"}
+ROCE = {"NCCL_IB_GID_INDEX": 3, "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1,mlx5_4:1,mlx5_5:1",
+        "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1,mlx5_4:1,mlx5_5:1"}
+EFA = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": 1}
+
+
+@pytest.mark.parametrize("env,names,profile", [
+    (GIB, "NCCL_IB_ADAPTIVE_ROUTING, NCCL_IB_FIFO_TC, NCCL_IB_QPS_PER_CONNECTION, NCCL_IB_TC, NCCL_NET, "
+          "NCCL_NET_GDR_LEVEL", "roce"),
+    (IB, "NCCL_IB_CUDA_SUPPORT, NCCL_IB_DISABLE, NCCL_IB_HCA", "ib"),
+    (ROCE, "NCCL_IB_GID_INDEX, NCCL_IB_HCA, UCX_NET_DEVICES", "roce"),
+    (EFA, "FI_EFA_USE_DEVICE_RDMA, FI_PROVIDER", "efa"),
+])
+@pytest.mark.parametrize("var", ["nccl_env_extra", "launch_env", "container_env"])
+def test_an_rdma_environment_is_never_turned_into_tcp_sockets(env, names, profile, var):
+    problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", "nccl_env_profile": "tcp"},
+                              "n2": {"ansible_host": "198.51.100.2", "nccl_env_profile": "tcp", var: env}})
+    line = next((p for p in problems if "configures an RDMA fabric" in p), None)
+    assert line is not None, problems
+    assert f"{var} configures an RDMA fabric ({names})" in line and f"set nccl_env_profile: {profile}" in line
+    assert "n2" in line and "n1" not in line, line  # the node that has it
+
+
+@pytest.mark.parametrize("profile,env", [
+    ("roce", GIB), ("ib", IB),                                          # the profile that keeps the fabric
+    ("tcp", {**IB, "NCCL_IB_DISABLE": 1}),                              # sockets, chosen and said
+    ("tcp", {"NCCL_NET": "Socket", "NCCL_SOCKET_NTHREADS": 4}),         # the socket transport itself
+])
+def test_a_fabric_kept_or_sockets_chosen_out_loud_pass(profile, env):
+    problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", "nccl_env_profile": profile,
+                                     "nccl_env_extra": env},
+                              "n2": {"ansible_host": "198.51.100.2", "nccl_env_profile": profile}})
+    assert not [p for p in problems if "RDMA fabric" in p], problems

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import lock_dir_problem
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import EXCLUDED_EXACT, EXCLUDED_PREFIXES
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import SECRET_NAME
 
 TRAINERS = "trainers"
@@ -659,6 +660,16 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
         stop(f"nccl_env_socket_nthreads={threads} and nccl_env_nsocks_perthread={socks} are beyond NCCL's limits",
              "NCCL takes 1-16 threads and at most 64 sockets in all (threads x sockets per thread); 0 leaves one "
              "to NCCL. 4 x 4 is the measured default")
+    # An RDMA environment is never turned into TCP without a word: the tcp profile writes NCCL_IB_DISABLE=1 over it.
+    if v("nccl_env_profile") == "tcp":
+        for var in ("nccl_env_extra", "launch_env", "container_env", "nccl_check_env"):
+            names, fits = nccl_vars.rdma_settings(v(var))
+            if names:
+                stop(f"{var} configures an RDMA fabric ({', '.join(names)}) but nccl_env_profile tcp writes "
+                     f"NCCL_IB_DISABLE=1, so NCCL would ignore it and run over TCP sockets",
+                     f"set nccl_env_profile: {fits} to keep the fabric (nccl_env_ib_hca and nccl_env_ib_gid_index take "
+                     f"NCCL_IB_HCA and NCCL_IB_GID_INDEX); or, for a job meant to run over sockets, remove those "
+                     f"variables from {var} or say so with NCCL_IB_DISABLE: 1 in it", var)
     coll, beat = v("nccl_env_collective_timeout_s"), v("nccl_env_heartbeat_timeout_s")
     if _ints(coll, beat) and not (coll > 0 and beat >= 0):
         stop(f"the timeouts are not whole seconds (nccl_env_collective_timeout_s={coll}, "

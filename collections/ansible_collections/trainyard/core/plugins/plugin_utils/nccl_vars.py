@@ -431,6 +431,46 @@ def check_value(name: str, value) -> tuple[str | None, str | None]:
 # Profiles on the verbs transport: turning InfiniBand off there moves the job onto sockets without a word.
 VERBS_PROFILES = ("ib", "roce")
 
+# What configures an RDMA fabric for NCCL, by name: the verbs transport (NCCL_IB_*, the older IB plugin's
+# NCCL_IBEXT_*, SHARP), UCX and libfabric (EFA), GCP's GPUDirect transports, the net plugin and GPUDirect RDMA.
+# The tcp profile writes NCCL_IB_DISABLE=1, which turns all of it off: such settings beside it are an RDMA
+# environment about to run on sockets (e.g. GCP's gIB settings: NCCL_NET=gIB, NCCL_IB_TC, NCCL_IB_FIFO_TC in
+# GoogleCloudPlatform's gpudirect-gib images; an InfiniBand site's NCCL_IB_HCA, NCCL_IB_GID_INDEX, UCX_NET_DEVICES).
+RDMA_PREFIXES = ("NCCL_IB_", "NCCL_IBEXT_", "NCCL_SHARP_", "SHARP_COLL_", "UCX_", "FI_", "NCCL_GPUDIRECTTCPX_",
+                 "NCCL_FASTRAK_", "NCCL_GIB_")
+RDMA_NAMES = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_COLLNET_ENABLE", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
+              "NCCL_GDR_FLUSH_DISABLE", "NCCL_DMABUF_ENABLE")
+_ROCE_HINTS = ("NCCL_IB_GID_INDEX", "NCCL_IB_TC", "NCCL_IB_FIFO_TC", "NCCL_IB_ROCE_VERSION_NUM")
+
+
+def _on(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def rdma_settings(env) -> tuple[list[str], str]:
+    """(the names in env that configure an RDMA fabric, the nccl_env_profile that keeps it): ([], "") when there
+    are none, when env is not a mapping, or when env itself turns InfiniBand off (NCCL_IB_DISABLE=1: the user
+    chose sockets and said so). NCCL_NET=Socket is the socket transport, not a fabric."""
+    if not isinstance(env, dict) or _on(env.get("NCCL_IB_DISABLE", "0")):
+        return [], ""
+    names = sorted(str(n) for n, v in env.items()
+                   if (str(n).startswith(RDMA_PREFIXES) or str(n) in RDMA_NAMES)
+                   and not (str(n) == "NCCL_NET" and str(v).strip().lower() == "socket"))
+    if not names:
+        return [], ""
+    net = " ".join(str(env.get(n, "")) for n in ("NCCL_NET", "NCCL_NET_PLUGIN")).lower()
+    if any(n.startswith("FI_") for n in names) or "ofi" in net or "libfabric" in net:
+        profile = "efa"
+    elif any(n.startswith("NCCL_GPUDIRECTTCPX_") for n in names):
+        profile = "gcp-tcpx"
+    elif any(n.startswith("NCCL_FASTRAK_") for n in names):
+        profile = "gcp-tcpxo"
+    elif "gib" in net or any(n in _ROCE_HINTS for n in names):
+        profile = "roce"
+    else:
+        profile = "ib"
+    return names, profile
+
 
 def _int(value) -> int:
     """A setting as a number, 0 when it is none (as Jinja's int filter reads it)."""
