@@ -48,6 +48,11 @@ options:
   argv: {description: The entry point's arguments (the record's data)., type: list, elements: str}
   fix: {description: "The fixes of the records: C({entrypoint: ..., llamafactory_config: ...}).", type: dict}
   config_file: {description: The LLaMA-Factory config's path on the nodes (the record's data)., type: str}
+  timeouts:
+    description: "With I(profile), the job's collective timeout and its ceiling, for the C(train_args.timeout) record:
+      C({collective: nccl_env_collective_timeout_s, max: nccl_env_collective_timeout_max_s, above_max:
+      nccl_env_collective_timeout_above_max}); a ddp_timeout above the ceiling without above_max is refused."
+    type: dict
   weights_from:
     description: With I(profile), a weights-only resume (C(train_args_weights_from)); the resume path then reaches the
       job by no argument.
@@ -256,6 +261,51 @@ def train_args_records(profile, verdict, entrypoint, found, example, argv, fix, 
     return out
 
 
+def effective_timeout(config, overrides):
+    """The ddp_timeout LLaMA-Factory will use: the last ddp_timeout=N override after the config, else the config's;
+    None when neither gives a whole number."""
+    value = (config or {}).get("ddp_timeout")
+    for entry in overrides or ():
+        key, sep, text = str(entry).partition("=")
+        if sep and key.strip() == "ddp_timeout":
+            value = text.strip()
+    try:
+        return int(str(value).strip()) if value is not None and not isinstance(value, bool) else None
+    except ValueError:
+        return None
+
+
+def timeout_record(profile, config, overrides, limits):
+    """train_args.timeout: the job's collective timeout against the one timeout and its ceiling (limits:
+    {collective, max, above_max}: nccl_env_collective_timeout_s, _max_s and _above_max)."""
+    collective, ceiling = int(limits.get("collective") or 0), int(limits.get("max") or 0)
+    record = {"check": "train_args.timeout", "data": {"collective_timeout_s": collective, "max_s": ceiling}}
+    if profile != "llamafactory":
+        return dict(record, status="skip", fix="", detail=f"the entry point reads TRAINYARD_COLLECTIVE_TIMEOUT_S "
+                    f"({collective} s, nccl_env_collective_timeout_s); nothing of the profile sets another")
+    seconds = effective_timeout(config, overrides)
+    record["data"]["ddp_timeout_s"] = seconds
+    fix = (f"Give the job one collective timeout, nccl_env_collective_timeout_s, at most "
+           f"nccl_env_collective_timeout_max_s ({ceiling} s): drop ddp_timeout from train_args_llamafactory_options "
+           f"and train_args_extra")
+    if seconds is None:
+        return dict(record, status="warn", fix=fix, detail="the LLaMA-Factory config sets no ddp_timeout: the "
+                    "Trainer's own default (1800 s) applies, whatever nccl_env_collective_timeout_s says")
+    if ceiling and seconds > ceiling:
+        if limits.get("above_max"):
+            return dict(record, status="warn", fix=fix, detail=f"ddp_timeout {seconds} s is above the ceiling of "
+                        f"{ceiling} s, kept by nccl_env_collective_timeout_above_max: a dead rank can hang the job "
+                        f"{seconds} s before anything names it")
+        return dict(record, status="fail", fix=fix, detail=f"ddp_timeout {seconds} s is above the ceiling of "
+                    f"{ceiling} s (nccl_env_collective_timeout_max_s)")
+    if seconds != collective:
+        return dict(record, status="warn", fix=fix, detail=f"ddp_timeout {seconds} s differs from the job's "
+                    f"collective timeout of {collective} s (nccl_env_collective_timeout_s, which DeepSpeed and the "
+                    f"NCCL watchdog use)")
+    return dict(record, status="pass", fix="", detail=f"ddp_timeout {seconds} s, the job's one collective timeout "
+                f"(nccl_env_collective_timeout_s; ceiling {ceiling} s)")
+
+
 def launch_facts(profile, entrypoint, argv, weights_from=""):
     """The launch role's facts: the entry point and its arguments, the torchrun options before it (the llamafactory
     launcher runs as a module) and the argument the resume path reaches it by (none for a weights-only resume: the
@@ -308,10 +358,15 @@ class ActionModule(bases.ControllerAction):
                                      bases.str_list(args.get("argv")), args.get("fix") or {},
                                      len(args.get("config") or {}), len(bases.str_list(args.get("overrides"))),
                                      str(args.get("config_file") or ""))
+        if args.get("timeouts") is not None:
+            records.append(timeout_record(profile, args.get("config") or {}, bases.str_list(args.get("overrides")),
+                                          bases.need_dict(args.get("timeouts"), "llamafactory_validate: 'timeouts'")))
         result = self.record(task_vars, *records)
         result["ansible_facts"].update(launch_facts(profile, entrypoint, bases.str_list(args.get("argv")),
                                                     args.get("weights_from") or ""))
         verdict = verdict or {"ok": True, "errors": []}
         refuse = [] if verdict["ok"] else [f"{task_vars.get('inventory_hostname')}: {'; '.join(verdict['errors'])}"]
+        refuse += [f"{task_vars.get('inventory_hostname')}: {r['detail']}" for r in records
+                   if r["check"] == "train_args.timeout" and r["status"] == "fail"]
         return dict(result, **verdict, refuse=refuse,
                     content=config_text(args.get("config") or {}) if profile == "llamafactory" else "")

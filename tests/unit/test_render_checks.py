@@ -5,6 +5,8 @@ skip, every node compared once."""
 import base64
 import hashlib
 
+import pytest
+
 from conftest import load
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars, render_checks as rc
@@ -200,3 +202,29 @@ def test_deepspeed_generated_config_of_each_profile():
     assert "optimizer" not in plain
     assert ds_config.merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3, "z": 4}, "c": 5}) == {
         "a": {"x": 1, "y": 3, "z": 4}, "b": 1, "c": 5}
+
+
+# ----------------------------------------------------------------------------------------------- train_args.timeout
+LIMITS = {"collective": 1800, "max": 7200, "above_max": False}
+
+
+@pytest.mark.parametrize("config,overrides,limits,status,detail", [
+    ({"ddp_timeout": 1800}, [], LIMITS, "pass", "ddp_timeout 1800 s, the job's one collective timeout"),
+    ({"ddp_timeout": 1800}, ["ddp_timeout=600"], LIMITS, "warn", "ddp_timeout 600 s differs from the job's "
+                                                                 "collective timeout of 1800 s"),
+    # LLaMA-Factory's ZeRO-3 LoRA example: 180000000 s (5.7 years)
+    ({"ddp_timeout": 180000000}, [], LIMITS, "fail", "ddp_timeout 180000000 s is above the ceiling of 7200 s"),
+    ({"ddp_timeout": 1800}, ["ddp_timeout=180000000"], dict(LIMITS, above_max=True), "warn",
+     "kept by nccl_env_collective_timeout_above_max: a dead rank can hang the job 180000000 s"),
+    ({}, [], LIMITS, "warn", "the LLaMA-Factory config sets no ddp_timeout"),
+])
+def test_timeout_record_reads_what_llamafactory_will_use(config, overrides, limits, status, detail):
+    rec = lf.timeout_record("llamafactory", config, overrides, limits)
+    assert rec["check"] == "train_args.timeout" and rec["status"] == status, rec
+    assert detail in rec["detail"], rec
+    assert status == "pass" or "nccl_env_collective_timeout_s" in rec["fix"]
+
+
+def test_timeout_record_skips_a_profile_that_sets_no_timeout_of_its_own():
+    rec = lf.timeout_record("generic", {}, [], LIMITS)
+    assert rec["status"] == "skip" and "TRAINYARD_COLLECTIVE_TIMEOUT_S (1800 s" in rec["detail"]

@@ -504,3 +504,26 @@ def test_a_fabric_kept_or_sockets_chosen_out_loud_pass(profile, env):
                                      "nccl_env_extra": env},
                               "n2": {"ansible_host": "198.51.100.2", "nccl_env_profile": profile}})
     assert not [p for p in problems if "RDMA fabric" in p], problems
+
+
+# A collective timeout far above the ceiling hides a dead rank for that long (LLaMA-Factory's ZeRO-3 LoRA example
+# sets ddp_timeout 180000000 s): stopped on the controller, naming where it came from, unless the user opts in.
+@pytest.mark.parametrize("variables,where", [
+    ({"nccl_env_collective_timeout_s": 86400}, "nccl_env_collective_timeout_s is 86400 s"),
+    ({"train_args_ddp_timeout": 180000000}, "train_args_ddp_timeout is 180000000 s"),
+    ({"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/m", "train_args_dataset": "d",
+      "train_args_llamafactory_options": {"ddp_timeout": 180000000}},
+     "train_args_llamafactory_options.ddp_timeout is 180000000 s"),
+    ({"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/m", "train_args_dataset": "d",
+      "train_args_extra": ["ddp_timeout=180000000"]}, "train_args_extra 'ddp_timeout=180000000' is 180000000 s"),
+    ({"nccl_env_collective_timeout_max_s": 600}, "nccl_env_collective_timeout_s is 1800 s"),   # a lower ceiling
+])
+def test_a_collective_timeout_above_the_ceiling_stops_unless_kept(variables, where):
+    problems = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", **variables},
+                              "n2": {"ansible_host": "198.51.100.2"}})
+    line = next((p for p in problems if where in p), None)
+    assert line is not None, problems
+    assert "above the collective timeout ceiling" in line and "nccl_env_collective_timeout_above_max: true" in line
+    kept = run_as_plugin({"n1": {"ansible_host": "198.51.100.1", "nccl_env_collective_timeout_above_max": True,
+                                 **variables}, "n2": {"ansible_host": "198.51.100.2"}})
+    assert not [p for p in kept if "ceiling" in p], kept

@@ -604,6 +604,32 @@ def llamafactory_overrides_problems(extra: Any) -> list[str]:
     return [str(e) for e in extra or [] if not LLAMAFACTORY_OVERRIDE_RE.match(str(e))]
 
 
+def job_timeouts(get, llamafactory: bool) -> list[tuple[str, int]]:
+    """(where, seconds) of every collective timeout the inventory gives the job: nccl_env_collective_timeout_s,
+    train_args_ddp_timeout, and with the llamafactory profile a ddp_timeout in train_args_llamafactory_options or a
+    ddp_timeout=N of train_args_extra (an override after the config). Values that are not whole numbers are left to
+    the type checks and LLaMA-Factory's parser. get(var): the host's value (None when unset or templated)."""
+    def whole(value: Any) -> int | None:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        return int(text) if re.fullmatch(r"[0-9]{1,30}", text) else None
+
+    found = [(var, whole(get(var))) for var in ("nccl_env_collective_timeout_s", "train_args_ddp_timeout")
+             if get(var) is not None]
+    if llamafactory:
+        options, extra = get("train_args_llamafactory_options"), get("train_args_extra")
+        if isinstance(options, Mapping) and "ddp_timeout" in options:
+            found.append(("train_args_llamafactory_options.ddp_timeout", whole(options["ddp_timeout"])))
+        for entry in extra if isinstance(extra, list) else []:
+            key, sep, value = str(entry).partition("=")
+            if sep and key.strip() == "ddp_timeout":
+                found.append((f"train_args_extra {str(entry)!r}", whole(value)))
+    return [(var, value) for var, value in found if value is not None]
+
+
 def _value(t: Mapping, specs: Mapping[str, Mapping], var: str) -> Any:
     """The host's value of var: the inventory's, else its spec's default; None when that default is a template
     (it resolves on the node, from other variables the checks of those variables cover)."""
@@ -670,6 +696,14 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
                      f"set nccl_env_profile: {fits} to keep the fabric (nccl_env_ib_hca and nccl_env_ib_gid_index take "
                      f"NCCL_IB_HCA and NCCL_IB_GID_INDEX); or, for a job meant to run over sockets, remove those "
                      f"variables from {var} or say so with NCCL_IB_DISABLE: 1 in it", var)
+    ceiling = v("nccl_env_collective_timeout_max_s")
+    if _ints(ceiling) and v("nccl_env_collective_timeout_above_max") is not True:
+        for var, value in job_timeouts(v, v("train_args_profile") == "llamafactory"):
+            if value > ceiling:
+                stop(f"{var} is {value} s, above the collective timeout ceiling of {ceiling} s "
+                     f"(nccl_env_collective_timeout_max_s): a dead rank would hang the job that long",
+                     f"lower it to at most {ceiling} s (nccl_env_collective_timeout_s is the job's one timeout), or "
+                     f"set nccl_env_collective_timeout_above_max: true to keep it (the report names it)", var)
     coll, beat = v("nccl_env_collective_timeout_s"), v("nccl_env_heartbeat_timeout_s")
     if _ints(coll, beat) and not (coll > 0 and beat >= 0):
         stop(f"the timeouts are not whole seconds (nccl_env_collective_timeout_s={coll}, "
