@@ -47,7 +47,7 @@ EXAMPLES = r"""
 - name: Ping every peer, connect to the rendezvous port and record every network check
   network_checks:
     enabled: "{{ network_enabled }}"
-    requested: "{{ cluster_data_iface | default('') }}"
+    requested: "{{ cluster_data_iface }}"
   register: __network_checks
 """
 

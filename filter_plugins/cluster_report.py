@@ -326,5 +326,4 @@ class FilterModule:
             "trainyard_report_plan": plan_lines,
             "trainyard_report_pending": pending_lines,
             "trainyard_report_plan_verdict": plan_verdict,
-            "trainyard_report_recover": recover_markdown,
         }

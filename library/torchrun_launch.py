@@ -386,17 +386,9 @@ from ansible_collections.trainyard.core.plugins.module_utils import launcher as 
 from ansible_collections.trainyard.core.plugins.module_utils import failfast as failfast_script
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
-
-try:
-    from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import (
-        ensure_deepspeed_latest, latest_complete_checkpoint,
-    )
-    HAS_CHECKPOINTS = True
-    CHECKPOINTS_IMPORT_ERROR = None
-except ImportError as e:  # the janitor's module_utils/checkpoints.py is missing or broken
-    latest_complete_checkpoint = ensure_deepspeed_latest = None
-    HAS_CHECKPOINTS = False
-    CHECKPOINTS_IMPORT_ERROR = str(e)
+from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import (
+    ensure_deepspeed_latest, latest_complete_checkpoint,
+)
 
 PID_FILE_WAIT = 20.0
 SECRETS_DIR_ENV = "TRAINYARD_SECRETS_DIR"
@@ -644,9 +636,6 @@ class Launch(object):
         return self.latest_checkpoint()
 
     def latest_checkpoint(self):
-        if not HAS_CHECKPOINTS:
-            self.m.fail_json(msg="resume_from=auto needs module_utils/checkpoints.py (latest_complete_checkpoint), "
-                                 "which did not import: %s" % CHECKPOINTS_IMPORT_ERROR, **self.result)
         return latest_complete_checkpoint(self.p["output_root"])
 
     def base_command(self):
@@ -965,7 +954,7 @@ class Launch(object):
             return self.result
 
         # DeepSpeed tags its checkpoints on global rank 0's node only: give this node's copy its tag to resume from.
-        if resume and HAS_CHECKPOINTS:
+        if resume:
             try:
                 tag = ensure_deepspeed_latest(resume)
             except OSError as e:

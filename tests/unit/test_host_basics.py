@@ -189,6 +189,7 @@ def test_the_role_records_every_node_and_takes_the_median_once(tmp_path):
     cluster_output_root: {tmp_path}/out
     cluster_preflight: {{min_free_gb: 0.001, min_shm_mb: 1, min_memlock_kb: 0, docker: skip}}
   tasks:
+    - ansible.builtin.import_role: {{name: trainyard_defaults}}
     - ansible.builtin.import_role: {{name: cluster, tasks_from: preflight}}
     - ansible.builtin.debug: {{var: preflight_results}}
 """)

@@ -98,20 +98,6 @@ def test_stacks_of_py_spy_and_faulthandler():
     assert groups == [{"call": "a", "ranks": [0, 2]}, {"call": "b", "ranks": [1]}]
 
 
-class _St:
-    def __init__(self, pid, ppid, state="S", ticks=100):
-        self.pid, self.ppid, self.state, self.start_ticks = pid, ppid, state, ticks
-
-
-def test_rank_processes_come_from_proc_workers_only_topmost():
-    # torchrun agent (no RANK), two workers, a DataLoader worker of rank 1 (inherits RANK=1), a launcher
-    env = {10: {"TRAINYARD_LAUNCH_ID": "t"}, 11: {"RANK": "0", "LOCAL_RANK": "0"},
-           12: {"RANK": "1", "LOCAL_RANK": "1"}, 13: {"RANK": "1", "LOCAL_RANK": "1"}, 9: {}, 14: {"RANK": "x"}}
-    stats = [_St(9, 1), _St(10, 9), _St(11, 10), _St(12, 10, "T"), _St(13, 12), _St(14, 10)]
-    got = jc.rank_processes(stats, env.get)
-    assert [(r["rank"], r["local_rank"], r["pid"], r["state"]) for r in got] == [(0, 0, 11, "S"), (1, 1, 12, "T")]
-
-
 def test_stack_lines_group_ranks_and_name_a_stopped_rank_with_the_fix():
     spy = "all_reduce (distributed_c10d.py:2501) called from main (ddp_train.py:170)"
     lines = jc.stack_lines({

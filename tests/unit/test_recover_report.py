@@ -268,7 +268,7 @@ _PLAY = """
         launch_recover_plan: {head: n1, survivors: [n1, n2], world_size: 2, world_size_before: 3,
                               old_rank_map: {n1: 0, n2: 1, n3: 2}}
         cluster_models: {n1: {nproc_per_node: 1}}
-    - ansible.builtin.import_role: {name: cluster, tasks_from: defaults.yml, rolespec_validate: false}
+    - ansible.builtin.import_role: {name: trainyard_defaults}
     - ansible.builtin.import_role: {name: launch, tasks_from: recover_convert.yml}
     - ansible.builtin.copy:
         dest: "{{ out }}"

@@ -289,7 +289,6 @@ DRIVER_LIB_STEMS = (
 )
 # Where the libraries appear inside the container: the directory NVIDIA's CUDA images put on LD_LIBRARY_PATH.
 DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
-DRIVER_BIN_DIR = "/usr/local/nvidia/bin"
 
 
 def ldcache_driver_libs(ldconfig_stdout: str, arch: str = "x86-64") -> list:

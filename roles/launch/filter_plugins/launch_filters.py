@@ -144,4 +144,4 @@ def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
 
 class FilterModule(object):
     def filters(self):
-        return {"launch_status_summary": status_summary, "launch_first_failure": first_failure}
+        return {"launch_status_summary": status_summary}

@@ -360,18 +360,6 @@ def _open_root(rroot: str) -> int:
     return jt.open_root(rroot)
 
 
-def find_checkpoints(root: str, max_depth: int = 4) -> list[Checkpoint]:
-    """Every ``checkpoint-N`` directory under root (real directories only, no symlink followed)."""
-    try:
-        fd = _open_root(_resolve_root(root))
-    except OSError:
-        return []
-    try:
-        return _find_checkpoints_fd(fd, _resolve_root(root), max_depth)
-    finally:
-        os.close(fd)
-
-
 def tree_bytes(path: str, max_entries: int = 10_000_000) -> int:
     """Apparent bytes of the regular files below path (jobtree.walk: links never followed; what vanishes is not
     counted)."""
@@ -507,12 +495,6 @@ def _compile(patterns) -> "re.Pattern":
         rx = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or r"(?!)")
         _COMPILED[key] = rx
     return rx
-
-
-def _matches(name: str, rel: str, patterns) -> bool:
-    """fnmatch (case-sensitive) of any pattern against the file name or the path relative to the checkpoint."""
-    rx = _compile(patterns)
-    return bool(rx.match(name) or (rel != name and rx.match(rel)))
 
 
 def _scan_checkpoint(ckpt: Checkpoint, keep: tuple, min_size: int, plan: Plan, root_fd: int) -> None:

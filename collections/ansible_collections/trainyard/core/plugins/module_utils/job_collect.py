@@ -557,27 +557,6 @@ PROC_STATES = {
 }
 
 
-def rank_processes(stats, environ_of):
-    """The ranks of one job on a node: of `stats` (ProcStat-like objects of the processes that carry the job's
-    launch token, module_utils/procgroup.py), those torchrun started as workers (RANK and LOCAL_RANK in their
-    environment), topmost only (a DataLoader worker inherits its rank's environment). `environ_of(pid)` -> dict.
-    Returns [{rank, local_rank, pid, start_ticks, state}] sorted by rank. The PIDs come from /proc, never from a
-    file the job writes."""
-    cand = {}
-    for st in stats:
-        env = environ_of(st.pid) or {}
-        try:
-            rank, local = int(env["RANK"]), int(env["LOCAL_RANK"])
-        except (KeyError, ValueError):
-            continue
-        cand[st.pid] = {"rank": rank, "local_rank": local, "pid": st.pid, "start_ticks": st.start_ticks,
-                        "state": st.state, "ppid": st.ppid}
-    out = [c for c in cand.values() if not (c["ppid"] in cand and cand[c["ppid"]]["rank"] == c["rank"])]
-    for c in out:
-        del c["ppid"]
-    return sorted(out, key=lambda c: (c["rank"], c["pid"]))
-
-
 NO_STACK_FIX = ("put py-spy on the controller (pip install -r requirements.txt: py-spy==0.4.2; or name a copy in "
                 "launch_status_pyspy), run status.yml as root on the node; py-spy inside the training container needs "
                 "--cap-add SYS_PTRACE")

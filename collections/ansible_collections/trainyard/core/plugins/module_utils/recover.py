@@ -36,7 +36,6 @@ MODEL_CONFIG = "config.json"
 OPTIMIZER_FILE = "optimizer.pt"   # the Trainer's optimizer state without DeepSpeed (one file, any world size)
 UNIVERSAL_EXAMPLE = "universal"      # the example's converted checkpoint: <checkpoint>/universal/
 UNIVERSAL_DS_SUFFIX = "_universal"   # ds_to_universal output: <checkpoint>/global_stepN_universal/ + latest_universal
-RESUME_MODES = ("full", "weights")
 
 
 class RecoverError(Exception):
