@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -126,8 +128,9 @@ def run_module(args: dict, check=False):
 @pytest.fixture
 def crashed_job(tmp_path):
     """A crashed job: leader killed -9, its worker orphaned in a session of its own; and decoys."""
-    shm, state_root = tmp_path / "shm", tmp_path / "state"
-    shm.mkdir()
+    # A short path for the shared-memory stand-in: unix sockets bound below it (a multiprocessing manager's
+    # pymp-*/listener-*) must fit the 107 bytes of sun_path, which a pytest-xdist worker's tmp_path can exceed.
+    shm, state_root = Path(tempfile.mkdtemp(prefix="ty-", dir="/tmp")), tmp_path / "state"
     (state_root / "train").mkdir(parents=True)
     # Decoys that exist before the job: an old leftover of someone else, and one of another user.
     (shm / "torch_old").write_text("old")
@@ -169,6 +172,7 @@ def crashed_job(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+    shutil.rmtree(shm, ignore_errors=True)
     if alive(worker_pid) and ticks(worker_pid):
         try:
             os.kill(worker_pid, signal.SIGKILL)
