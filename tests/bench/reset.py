@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/integration"))
@@ -39,6 +40,7 @@ TOKEN_PROCS = ("import os, sys\ntok = ('TRAINYARD_LAUNCH_ID=' + sys.argv[1]).enc
                "   e = open('/proc/%s/environ' % p, 'rb').read().split(b'\\0')\n"
                "   st = open('/proc/%s/stat' % p).read()\n  except OSError:\n   continue\n"
                "  if tok in e:\n   print(p, st[st.rfind(')') + 2:].split()[1])\n")
+PROFILE_ALL = {"PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all"}  # every task in the recap, not ansible.cfg's first 15
 PROFILE_LINE = re.compile(r"^(.+?) -+ (\d+\.\d+)s$")
 
 
@@ -77,13 +79,17 @@ def crash(c: SimCluster, timeout: float = 120) -> int:
     raise RuntimeError("the job's ranks did not start on every node")
 
 
-def slowest(output: str, k: int = 10) -> list[list]:
-    """The k slowest tasks of a run from the profile_tasks lines (`name --- 1.23s`)."""
+def profile(output: str) -> list[list]:
+    """[name, seconds] of every task of a run, from the profile_tasks recap (`name --- 1.23s`)."""
     tasks = []
-    for line in output.splitlines():
+    for line in output.split("TASKS RECAP", 1)[-1].splitlines():
         m = PROFILE_LINE.match(line.strip())
         if m:
             tasks.append([m.group(1).strip(), float(m.group(2))])
+    return tasks
+
+
+def slowest(tasks: list[list], k: int = 10) -> list[list]:
     return sorted(tasks, key=lambda t: -t[1])[:k]
 
 
@@ -91,7 +97,17 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def bench_reset(repeats: int, name: str, reuse: bool = False, settle_s: float = 2.0) -> dict:
+def summarise(runs: list[dict]) -> dict:
+    walls = [x["wall_s"] for x in runs]
+    return {"nodes": 3, "repeats": len(runs), "runs": runs,
+            "median_s": round(statistics.median(walls), 2) if walls else None,
+            "min_s": min(walls, default=None), "max_s": max(walls, default=None),
+            "stdev_s": round(statistics.stdev(walls), 2) if len(walls) > 1 else 0.0,
+            "all_ok": all(x["rc"] == 0 and not any(x["job_processes_left"].values()) for x in runs)}
+
+
+def bench_reset(repeats: int, name: str, reuse: bool = False, settle_s: float = 2.0, converged: bool = False,
+                after_run: Callable[[dict], None] = lambda res: None) -> dict:
     if reuse and (REPO / ".sim" / name / "cluster.json").exists():
         c = SimCluster(name)
     else:
@@ -99,34 +115,35 @@ def bench_reset(repeats: int, name: str, reuse: bool = False, settle_s: float = 
         c = sim_up(name, nodes=3)
     runs = []
     try:
-        log("site.yml")
-        launch(c)
+        if not converged:
+            log("site.yml")
+            launch(c)
         for i in range(repeats):
-            if i:
+            if i or converged:
                 launch(c, "--tags", "launch")
             pid = crash(c)
             time.sleep(settle_s)
             before = load()
             t0 = time.monotonic()
-            r = c.playbook("reset.yml", "-e", "reset_confirm=true")
+            r = c.playbook("reset.yml", "-e", "reset_confirm=true", env=PROFILE_ALL)
             wall = time.monotonic() - t0
+            tasks = profile(r.stdout)
             recap = parse_recap(r.stdout)
             left = {n: len(token_procs(c, n)) for n in c.nodes}
             runs.append({"wall_s": round(wall, 2), "rc": r.returncode, "killed_pid": pid, "load_1m": round(before, 2),
                          "changed": {h: v["changed"] for h, v in recap.items()},
-                         "job_processes_left": left, "slowest_tasks": slowest(r.stdout)})
-            log(f"run {i + 1}: {wall:.2f} s rc={r.returncode} load {before:.2f} left {left}")
+                         "job_processes_left": left, "tasks": len(tasks),
+                         "tasks_s": round(sum(t for _, t in tasks), 2), "slowest_tasks": slowest(tasks)})
+            log(f"run {i + 1}: {wall:.2f} s rc={r.returncode} load {before:.2f} left {left}; slowest "
+                + ", ".join(f"{t} {s:.1f}s" for t, s in runs[-1]["slowest_tasks"][:5])
+                + f"; {len(tasks)} tasks, {runs[-1]['tasks_s']:.1f} s in tasks")
             if r.returncode != 0:
                 log(r.stdout[-3000:])
+            after_run(summarise(runs))
     finally:
         if not reuse:
             sim_down(name)
-    walls = [x["wall_s"] for x in runs]
-    return {"nodes": 3, "repeats": repeats, "runs": runs,
-            "median_s": round(statistics.median(walls), 2) if walls else None,
-            "min_s": min(walls, default=None), "max_s": max(walls, default=None),
-            "stdev_s": round(statistics.stdev(walls), 2) if len(walls) > 1 else 0.0,
-            "all_ok": all(x["rc"] == 0 and not any(x["job_processes_left"].values()) for x in runs)}
+    return summarise(runs)
 
 
 def section(results: dict) -> str:
@@ -149,15 +166,26 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default=os.environ.get("TY_SIM_NAME", "br"))
     ap.add_argument("--reuse", action="store_true", help="use the running cluster --name and leave it up")
+    ap.add_argument("--converged", action="store_true", help="with --reuse: the cluster ran site.yml already")
     ap.add_argument("--label", default="this tree", help="the row's name in the table (e.g. 'main 7f9392b')")
     ap.add_argument("--write", action="store_true", help=f"add the result to {RAW.relative_to(REPO)} under --label")
+    ap.add_argument("--append", action="store_true",
+                    help="add the runs to those already kept under --label (alternate two trees run by run)")
     args = ap.parse_args()
-    res = bench_reset(args.repeats, args.name, args.reuse)
     results = json.loads(RAW.read_text()) if (args.write and RAW.exists()) else {}
     results["command"] = f".venv/bin/python tests/bench/reset.py --repeats {args.repeats}"
-    results.setdefault("trees", {})[args.label] = res
-    if args.write:
-        RAW.write_text(json.dumps(results, indent=1) + "\n")
+
+    earlier = results.get("trees", {}).get(args.label, {}).get("runs", []) if args.append else []
+
+    def keep(res: dict) -> None:  # after every run: a run cut short keeps what it measured
+        res = summarise(earlier + res["runs"])
+        results.setdefault("trees", {})[args.label] = res
+        if args.write:
+            RAW.write_text(json.dumps(results, indent=1) + "\n")
+
+    res = bench_reset(args.repeats, args.name, args.reuse, converged=args.converged and args.reuse, after_run=keep)
+    keep(res)
+    res = results["trees"][args.label]
     print(json.dumps({k: v for k, v in res.items() if k != "runs"}))
     print(section(results))
     return 0
