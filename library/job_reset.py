@@ -64,6 +64,11 @@ options:
     description: Path prefix of GPU device files; processes outside the job holding one are reported.
     type: str
     default: /dev/nvidia
+  container:
+    description: The training container's name; its state (C(docker inspect), read-only) is returned in C(container)
+      so that the container role's reset needs no read of its own. Empty reads nothing.
+    type: str
+    default: ""
   remove_state:
     description: Remove the job's launch state files once none of its processes is left (what C(torchrun_launch
       state=stopped) does after its stop).
@@ -144,6 +149,11 @@ records:
     secret files and the secrets env file, as paths."
   returned: always
   type: list
+container:
+  description: "With I(container): C({name, exists, running}) after the stop, or C({name, error}) when the engine
+    did not answer (the caller reads it itself then)."
+  returned: when I(container) is given
+  type: dict
 summary:
   description: One line for the per-node summary.
   returned: always
@@ -634,8 +644,23 @@ class Reset(object):
                           str(h.get("pid")) for h in port_info["holders"]), len(gpu))
         if self.records:
             summary += "; launch records removed: %d" % len(self.records)
+        extra = {"container": self.container_state()} if self.p["container"] else {}
         self.m.exit_json(changed=changed, found=self.found, cleaned=self.cleaned, kept=self.kept, gpu_users=gpu,
-                         port=port_info, records=self.records, summary=summary, warnings=self.warnings)
+                         port=port_info, records=self.records, summary=summary, warnings=self.warnings, **extra)
+
+    def container_state(self):
+        """{name, exists, running} of the training container from the engine (read-only), or {name, error}."""
+        name = self.p["container"]
+        docker = self.m.get_bin_path("docker")
+        if not docker:
+            return {"name": name, "exists": False, "running": False}
+        rc, out, err = self.m.run_command([docker, "inspect", "--type", "container", "--format",
+                                           "{{.State.Running}}", name])
+        if rc == 0 and out.strip() in ("true", "false"):
+            return {"name": name, "exists": True, "running": out.strip() == "true"}
+        if "no such" in (err or "").lower():
+            return {"name": name, "exists": False, "running": False}
+        return {"name": name, "error": "docker inspect %s: rc %d: %s" % (name, rc, (err or out).strip()[-200:])}
 
     # ------------------------------------------------------------------ the launch's records
     def remove_records(self, check):
@@ -670,6 +695,7 @@ def main():
             stop_timeout=dict(type="float", default=10.0),
             started_slack=dict(type="float", default=2.0),
             gpu_devices=dict(type="str", default="/dev/nvidia"),
+            container=dict(type="str", default=""),
             remove_state=dict(type="bool", default=False),
             secrets_dir=dict(type="path", default=""),
             secret_env_file=dict(type="path", default=""),
