@@ -69,6 +69,12 @@ options:
       so that the container role's reset needs no read of its own. Empty reads nothing.
     type: str
     default: ""
+  probe_paths:
+    description: Paths whose existence the caller's next steps need (for example the janitor's systemd timer), read in
+      the same call and returned in C(probed). Nothing is opened or followed.
+    type: list
+    elements: path
+    default: []
   remove_state:
     description: Remove the job's launch state files once none of its processes is left (what C(torchrun_launch
       state=stopped) does after its stop).
@@ -149,6 +155,10 @@ records:
     secret files and the secrets env file, as paths."
   returned: always
   type: list
+probed:
+  description: "C({path: true|false}): whether each of I(probe_paths) exists (a dangling link counts)."
+  returned: always
+  type: dict
 container:
   description: "With I(container): C({name, exists, running}) after the stop, or C({name, error}) when the engine
     did not answer (the caller reads it itself then)."
@@ -645,6 +655,7 @@ class Reset(object):
         if self.records:
             summary += "; launch records removed: %d" % len(self.records)
         extra = {"container": self.container_state()} if self.p["container"] else {}
+        extra["probed"] = dict((path, os.path.lexists(path)) for path in self.p["probe_paths"])
         self.m.exit_json(changed=changed, found=self.found, cleaned=self.cleaned, kept=self.kept, gpu_users=gpu,
                          port=port_info, records=self.records, summary=summary, warnings=self.warnings, **extra)
 
@@ -696,6 +707,7 @@ def main():
             started_slack=dict(type="float", default=2.0),
             gpu_devices=dict(type="str", default="/dev/nvidia"),
             container=dict(type="str", default=""),
+            probe_paths=dict(type="list", elements="path", default=[]),
             remove_state=dict(type="bool", default=False),
             secrets_dir=dict(type="path", default=""),
             secret_env_file=dict(type="path", default=""),

@@ -280,15 +280,18 @@ def test_remove_state_stops_the_job_and_removes_its_launch_records_in_one_call(c
     assert status.endswith("SUCCESS") and res["changed"] is False and res["records"] == []
 
 
-def test_the_containers_state_comes_back_from_the_same_call(tmp_path):
-    """The container role's reset needs no read of its own: job_reset returns the container's state (docker inspect,
-    read-only; a missing container, or no docker on the node, is exists false)."""
+def test_the_containers_state_and_the_probed_paths_come_back_from_the_same_call(tmp_path):
+    """The container and janitor roles' resets need no read of their own: job_reset returns the container's state
+    (docker inspect, read-only; a missing container, or no docker on the node, is exists false) and whether each
+    probed path (the janitor's timer) exists."""
     (tmp_path / "state").mkdir()
     name = "trainyard-no-such-" + uuid.uuid4().hex[:8]
     status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
-                              "patterns": {str(tmp_path): ["torch_*"]}, "container": name})
+                              "patterns": {str(tmp_path): ["torch_*"]}, "container": name,
+                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")]})
     assert status.endswith("SUCCESS") and res["changed"] is False, res
     assert res["container"] == {"name": name, "exists": False, "running": False}, res
+    assert res["probed"] == {str(tmp_path / "state"): True, str(tmp_path / "no-timer"): False}, res
 
 
 def test_clean_node_changes_nothing(tmp_path):
