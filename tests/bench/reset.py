@@ -133,7 +133,8 @@ def bench_reset(repeats: int, name: str, reuse: bool = False, settle_s: float = 
             runs.append({"wall_s": round(wall, 2), "rc": r.returncode, "killed_pid": pid, "load_1m": round(before, 2),
                          "changed": {h: v["changed"] for h, v in recap.items()},
                          "job_processes_left": left, "tasks": len(tasks),
-                         "tasks_s": round(sum(t for _, t in tasks), 2), "slowest_tasks": slowest(tasks)})
+                         "tasks_s": round(sum(t for _, t in tasks), 2), "slowest_tasks": slowest(tasks),
+                         "every_task": tasks})
             log(f"run {i + 1}: {wall:.2f} s rc={r.returncode} load {before:.2f} left {left}; slowest "
                 + ", ".join(f"{t} {s:.1f}s" for t, s in runs[-1]["slowest_tasks"][:5])
                 + f"; {len(tasks)} tasks, {runs[-1]['tasks_s']:.1f} s in tasks")
