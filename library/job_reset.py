@@ -29,6 +29,10 @@ description:
   - "Port: listeners on C(port) (default: the state's C(master_port)) are found through C(/proc/net/tcp*) and
     the sockets in C(/proc/*/fd). A listener of the job is killed with the job; any other holder is reported
     (PID and command) and left alone."
+  - "The launch's own records (with I(remove_state)): once no process of the job is left, its launch state
+    (C(launch.json), C(launch.pid.json), C(launch.spec.json)) is removed, the secret files in I(secrets_dir) are
+    deleted (the directory stays: the training container mounts it) and I(secret_env_file) is removed. Links are
+    never followed. This is the launch role's C(tasks/reset.yml): one call per node stops the job and cleans after it."
   - Check mode reports what would be done. Idempotent; on a clean node C(changed=false).
 version_added: "1.0.0"
 author: trainyard
@@ -60,6 +64,31 @@ options:
     description: Path prefix of GPU device files; processes outside the job holding one are reported.
     type: str
     default: /dev/nvidia
+  container:
+    description: The training container's name; its state (C(docker inspect), read-only) is returned in C(container)
+      so that the container role's reset needs no read of its own. Empty reads nothing.
+    type: str
+    default: ""
+  probe_paths:
+    description: Paths whose existence the caller's next steps need (for example the janitor's systemd timer), read in
+      the same call and returned in C(probed). Nothing is opened or followed.
+    type: list
+    elements: path
+    default: []
+  remove_state:
+    description: Remove the job's launch state files once none of its processes is left (what C(torchrun_launch
+      state=stopped) does after its stop).
+    type: bool
+    default: false
+  secrets_dir:
+    description: Directory of the job's secret files (C(launch_secret_env_dir)); with I(remove_state) its files are
+      deleted. Empty leaves it alone.
+    type: path
+    default: ""
+  secret_env_file:
+    description: The job's secrets env file (C(launch_secret_env_file)); with I(remove_state) it is removed.
+    type: path
+    default: ""
 extends_documentation_fragment: [trainyard.core.attributes, trainyard.core.attributes.job]
 notes:
   - Processes are matched with C(module_utils/procgroup.py) (PID + start time + launch token + container cgroup).
@@ -79,6 +108,16 @@ EXAMPLES = r"""
     port: 39500
     launch_state: "{{ (__launch_state.content | b64decode | from_json) if __launch_state.content is defined else omit }}"
   register: __reset
+
+- name: Stop the job and clean after it in one call (the launch role's reset)
+  job_reset:
+    job: train
+    state_root: /var/lib/trainyard
+    port: 39500
+    stop_timeout: 30
+    remove_state: true
+    secrets_dir: /run/trainyard/train/secrets
+    secret_env_file: /run/trainyard/train/secret.env
 """
 
 RETURN = r"""
@@ -111,6 +150,20 @@ port:
   description: "{port, free, holders}: the port after cleaning."
   returned: always
   type: dict
+records:
+  description: "With I(remove_state): the launch records removed (in check mode, that would be): state files,
+    secret files and the secrets env file, as paths."
+  returned: always
+  type: list
+probed:
+  description: "C({path: true|false}): whether each of I(probe_paths) exists (a dangling link counts)."
+  returned: always
+  type: dict
+container:
+  description: "With I(container): C({name, exists, running}) after the stop, or C({name, error}) when the engine
+    did not answer (the caller reads it itself then)."
+  returned: when I(container) is given
+  type: dict
 summary:
   description: One line for the per-node summary.
   returned: always
@@ -129,6 +182,8 @@ from ansible_collections.trainyard.core.plugins.module_utils import jobtree as j
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 
 STATE_FILE = "launch.json"
+# The launch's records of one start (module_utils/torchrun.py: STATE_FILE, PID_FILE, SPEC_FILE).
+RECORD_FILES = ("launch.json", "launch.pid.json", "launch.spec.json")
 START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)
 TORCH_SHM = re.compile(r"^torch_(\d+)_")
 TCP_LISTEN = "0A"
@@ -317,6 +372,31 @@ def listening_inodes(port):
     return inodes
 
 
+def unlink_in(dir_path, names=None, check=False):
+    """Remove the entries ``names`` (all entries when None) of the directory ``dir_path`` that are not directories,
+    through a descriptor of the directory opened without following a link (a planted link is removed as a link).
+    A missing or linked directory removes nothing. Returns the paths removed (in check mode, that would be)."""
+    try:
+        fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    out = []
+    try:
+        for name in sorted(os.listdir(fd)) if names is None else names:
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not check:
+                os.unlink(name, dir_fd=fd)
+            out.append(os.path.join(dir_path, name))
+    finally:
+        os.close(fd)
+    return out
+
+
 class Reset(object):
     def __init__(self, module):
         self.m = module
@@ -330,6 +410,8 @@ class Reset(object):
         self.found = {"processes": [], "files": [], "port_holders": [], "state": None}
         self.cleaned = {"terminated": [], "killed": [], "files": [], "bytes": 0}
         self.kept = []
+        self.records = []
+        self.remaining = []
         self.warnings = []
 
     @staticmethod
@@ -517,6 +599,7 @@ class Reset(object):
             outcome = pg.terminate(lambda: self.job_procs(states), grace=float(self.p["stop_timeout"]))
             self.cleaned["terminated"] = outcome["terminated"]
             self.cleaned["killed"] = outcome["killed"]
+            self.remaining = outcome["remaining"]
             if outcome["remaining"]:
                 self.warnings.append("processes of job %s survived SIGKILL: %s" % (self.job, outcome["remaining"]))
         elif procs:
@@ -560,15 +643,55 @@ class Reset(object):
             port_info = {"port": 0, "free": True, "holders": [], "report": ""}
 
         gpu = self.gpu_users(self.me | ours)
-        changed = bool(self.cleaned["terminated"] or self.cleaned["killed"] or self.cleaned["files"])
+        if self.p["remove_state"]:
+            self.remove_records(check)
+        changed = bool(self.cleaned["terminated"] or self.cleaned["killed"] or self.cleaned["files"] or self.records)
         summary = "%s: processes %d found, %d stopped; leftovers %d found, %d removed (%d bytes), %d kept; " \
                   "port %s %s; %d other GPU users" % (
                       self.job, len(procs), len(set(self.cleaned["terminated"]) | set(self.cleaned["killed"])),
                       len(self.found["files"]), len(self.cleaned["files"]), self.cleaned["bytes"], len(self.kept),
                       port or "-", "free" if port_info["free"] else "held by PID %s" % ",".join(
                           str(h.get("pid")) for h in port_info["holders"]), len(gpu))
+        if self.records:
+            summary += "; launch records removed: %d" % len(self.records)
+        extra = {"container": self.container_state()} if self.p["container"] else {}
+        extra["probed"] = dict((path, os.path.lexists(path)) for path in self.p["probe_paths"])
         self.m.exit_json(changed=changed, found=self.found, cleaned=self.cleaned, kept=self.kept, gpu_users=gpu,
-                         port=port_info, summary=summary, warnings=self.warnings)
+                         port=port_info, records=self.records, summary=summary, warnings=self.warnings, **extra)
+
+    def container_state(self):
+        """{name, exists, running} of the training container from the engine (read-only), or {name, error}."""
+        name = self.p["container"]
+        docker = self.m.get_bin_path("docker")
+        if not docker:
+            return {"name": name, "exists": False, "running": False}
+        rc, out, err = self.m.run_command([docker, "inspect", "--type", "container", "--format",
+                                           "{{.State.Running}}", name])
+        if rc == 0 and out.strip() in ("true", "false"):
+            return {"name": name, "exists": True, "running": out.strip() == "true"}
+        if "no such" in (err or "").lower():
+            return {"name": name, "exists": False, "running": False}
+        return {"name": name, "error": "docker inspect %s: rc %d: %s" % (name, rc, (err or out).strip()[-200:])}
+
+    # ------------------------------------------------------------------ the launch's records
+    def remove_records(self, check):
+        """The launch state, the secret files and the secrets env file, once the job is gone. A job that survived
+        SIGKILL keeps its state (the next reset finds it again) and the run fails."""
+        if self.remaining:
+            self.m.fail_json(msg="processes of job %s survived SIGKILL: %s; its launch state is kept, so the next "
+                                 "reset finds them again (look for a process in state D with ps -o pid,stat,wchan)"
+                                 % (self.job, self.remaining), found=self.found, cleaned=self.cleaned)
+        try:
+            self.records += unlink_in(self.dir, RECORD_FILES, check)
+            if self.p["secrets_dir"]:
+                self.records += unlink_in(self.p["secrets_dir"], None, check)
+            env_file = self.p["secret_env_file"]
+            if env_file:
+                self.records += unlink_in(os.path.dirname(env_file) or ".", [os.path.basename(env_file)], check)
+        except OSError as e:
+            self.m.fail_json(msg="job %s stopped, but its launch records cannot be removed: %s (%s); remove them as "
+                                 "root and rerun reset.yml" % (self.job, e.strerror or e, e.filename or self.dir),
+                             found=self.found, cleaned=self.cleaned)
 
 
 def main():
@@ -583,6 +706,11 @@ def main():
             stop_timeout=dict(type="float", default=10.0),
             started_slack=dict(type="float", default=2.0),
             gpu_devices=dict(type="str", default="/dev/nvidia"),
+            container=dict(type="str", default=""),
+            probe_paths=dict(type="list", elements="path", default=[]),
+            remove_state=dict(type="bool", default=False),
+            secrets_dir=dict(type="path", default=""),
+            secret_env_file=dict(type="path", default=""),
         ),
         supports_check_mode=True,
     )

@@ -15,6 +15,8 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
             time, at N nodes (tests/bench/scale.py; raw output docs/benchmarks-scale.json)
   health    the health page and report.json of a report grown to 64, 256 and 1,024 nodes: render time, sizes, and
             whether headless Chromium opens the page (tests/bench/health.py; raw output docs/benchmarks-health.json)
+  reset     reset.yml after a crash on 3 default simulated nodes (a fresh launch, one rank killed -9, reset.yml timed),
+            --repeats times: median and spread (tests/bench/reset.py; raw output docs/benchmarks-reset.json)
 Figures are never asserted: this is measurement, not a test.
 """
 
@@ -46,6 +48,7 @@ ANALYSIS_MARK = "<!-- analysis: written by hand; tests/bench/run.py rewrites onl
 DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
 SCALE_TITLE = "## Scale"
 HEALTH_TITLE = "## Health page"
+RESET_TITLE = "## reset.yml after a crash"
 
 
 def log(msg: str) -> None:
@@ -256,10 +259,10 @@ def write_doc(sections: list[str], keep_header: bool = False) -> None:
     old_head, old_secs = _split_sections(old[:old.index(ANALYSIS_MARK)] if ANALYSIS_MARK in old else old)
     new_head, new_secs = _split_sections("\n".join(sections))
     fresh = dict(new_secs)
-    # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale and health tables
-    # survive a run without them.
+    # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale, health and reset
+    # tables survive a run without them.
     kept = [(t, x) for t, x in old_secs
-            if t in fresh or keep_header or t.startswith(SCALE_TITLE) or t.startswith(HEALTH_TITLE)]
+            if t in fresh or keep_header or t.startswith((SCALE_TITLE, HEALTH_TITLE, RESET_TITLE))]
     merged = [fresh.pop(title, text) for title, text in kept] + [text for title, text in new_secs if title in fresh]
     head = old_head if (keep_header and old_head.strip()) else new_head
     body = head.rstrip("\n") + "\n\n" + "".join(p.rstrip("\n") + "\n\n" for p in merged)
@@ -282,6 +285,15 @@ def main() -> int:
                 f"Command: `.venv/bin/python tests/bench/run.py --sizes {args.sizes} --repeats {args.repeats} --only {args.only}` "
                 "(`make bench`)\n"]
     keep_header = not (only & {"site", "faults", "scripts"})  # a scale-only run keeps the other tables' header
+    if "reset" in only:
+        import reset
+        results = json.loads(reset.RAW.read_text()) if reset.RAW.exists() else {}
+        results["command"] = f".venv/bin/python tests/bench/run.py --only reset --repeats {args.repeats}"
+        results.setdefault("trees", {})["this tree"] = reset.bench_reset(args.repeats, os.environ.get("TY_SIM_NAME", "br"))
+        reset.RAW.write_text(json.dumps(results, indent=1) + "\n")
+        sections.append(reset.section(results))
+        print(sections[-1], flush=True)
+        write_doc(sections, keep_header)
     if "scale" in only:
         import scale
         if args.from_raw:

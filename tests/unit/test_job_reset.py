@@ -255,6 +255,49 @@ def test_state_removed_by_launch_reset_still_cleans_from_the_passed_copy(crashed
     assert res["changed"] is True and len(res["cleaned"]["files"]) == 3
 
 
+def test_remove_state_stops_the_job_and_removes_its_launch_records_in_one_call(crashed_job, tmp_path):
+    """The launch role's reset is one job_reset call: the job's processes, its launch state, its secret files and
+    secrets env file go; a link planted in the secrets directory is removed as a link, its target stays."""
+    j = crashed_job
+    job_dir = j["state_root"] / "train"
+    (job_dir / "launch.pid.json").write_text("{}")
+    (job_dir / "launch.spec.json").write_text("{}")
+    (job_dir / "torchrun.log").write_text("kept")
+    secrets, env_file, target = tmp_path / "secrets", tmp_path / "secret.env", tmp_path / "target"
+    secrets.mkdir()
+    (secrets / "HF_TOKEN").write_text("s")
+    target.write_text("not the job's")
+    (secrets / "LINK").symlink_to(target)
+    env_file.write_text("HF_TOKEN=s\n")
+    records = {str(job_dir / n) for n in ("launch.json", "launch.pid.json", "launch.spec.json")} | {
+        str(secrets / "HF_TOKEN"), str(secrets / "LINK"), str(env_file)}
+    extra = {"remove_state": True, "secrets_dir": str(secrets), "secret_env_file": str(env_file)}
+    status, res = run_module(args_for(j, **extra), check=True)
+    assert status.endswith("CHANGED") and set(res["records"]) == records, res
+    assert alive(j["worker"]) and all(os.path.lexists(r) for r in records)
+    status, res = run_module(args_for(j, **extra))
+    assert status.endswith("CHANGED") and set(res["records"]) == records, res
+    assert not alive(j["worker"]) and not any(os.path.lexists(r) for r in records)
+    assert len(res["cleaned"]["files"]) == 3 and "launch records removed: 6" in res["summary"]
+    assert target.read_text() == "not the job's" and secrets.is_dir() and (job_dir / "torchrun.log").exists()
+    status, res = run_module(args_for(j, **extra))
+    assert status.endswith("SUCCESS") and res["changed"] is False and res["records"] == []
+
+
+def test_the_containers_state_and_the_probed_paths_come_back_from_the_same_call(tmp_path):
+    """The container and janitor roles' resets need no read of their own: job_reset returns the container's state
+    (docker inspect, read-only; a missing container, or no docker on the node, is exists false) and whether each
+    probed path (the janitor's timer) exists."""
+    (tmp_path / "state").mkdir()
+    name = "trainyard-no-such-" + uuid.uuid4().hex[:8]
+    status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
+                              "patterns": {str(tmp_path): ["torch_*"]}, "container": name,
+                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")]})
+    assert status.endswith("SUCCESS") and res["changed"] is False, res
+    assert res["container"] == {"name": name, "exists": False, "running": False}, res
+    assert res["probed"] == {str(tmp_path / "state"): True, str(tmp_path / "no-timer"): False}, res
+
+
 def test_clean_node_changes_nothing(tmp_path):
     (tmp_path / "state").mkdir()
     status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
