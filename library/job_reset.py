@@ -128,7 +128,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
-from ansible_collections.trainyard.core.plugins.module_utils.proc_sockets import fd_targets, port_holders
+from ansible_collections.trainyard.core.plugins.module_utils.proc_sockets import fd_targets, port_holders, socket_inode
 
 STATE_FILE = "launch.json"
 START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)
@@ -256,8 +256,8 @@ def held_paths(pid, unix=None):
     for t in fd_targets(pid):
         if t.startswith("/"):
             out.setdefault(t, "open file")
-        elif t.startswith("socket:[") and unix:
-            path = unix.get(t[len("socket:["):-1])
+        elif unix and socket_inode(t) is not None:
+            path = unix.get(str(socket_inode(t)))
             if path:
                 out[path] = "unix socket %s" % path
     for path in proc_mapped_paths(pid):
@@ -420,7 +420,7 @@ class Reset(object):
             if st.state in ("Z", "X", "x"):
                 continue
             targets = fd_targets(st.pid)
-            seen_inodes.update(t[len("socket:["):-1] for t in targets if t.startswith("socket:["))
+            seen_inodes.update(str(socket_inode(t)) for t in targets if socket_inode(t) is not None)
             if st.pid in exclude:
                 continue
             for t, how in held_paths(st.pid, unix).items():
