@@ -77,33 +77,87 @@ REPO = Path(__file__).resolve().parents[1]
 HOST_VARS = ("node_rank", "data_address", "ansible_host", "ansible_port", "ansible_connection")
 
 
-def _untyped_source(value) -> bool:
-    """True when Ansible read the value from a source that cannot carry types (-e key=value, INI)."""
+def _cli_untyped() -> set:
+    """Names the command line set with -e key=value (always strings), the ones a later -e @file or -e '{...}'
+    set again excluded. Read from the parsed command line (ansible.context.CLIARGS) as Ansible reads it."""
+    from ansible import context
+    from ansible.parsing.splitter import parse_kv
+
+    untyped: set = set()
+    for opt in context.CLIARGS.get("extra_vars", ()) or ():
+        opt = str(opt or "")
+        if not opt:
+            continue
+        if opt.startswith("@") or opt[0] in "[{/.":
+            names = _typed_names(opt)
+            untyped -= names
+            continue
+        untyped |= set(parse_kv(opt))
+    return untyped
+
+
+def _typed_names(opt: str) -> set:
+    """The top-level names a typed -e (@file, YAML/JSON text) sets; none when it cannot be read (Ansible has
+    already refused it then)."""
+    import yaml
+
     try:
-        from ansible._internal._datatag._tags import Origin  # ansible-core >= 2.19
-    except ImportError:  # pragma: no cover - older ansible-core: strict everywhere
-        return False
-    origin = Origin.get_tag(value)
-    if origin is None:
-        return False
-    if origin.path is None:
-        return "CLI" in str(origin.description or "") or "-e" in str(origin.description or "")
-    path = Path(origin.path)
-    if path.suffix.lower() == ".ini":
-        return True
-    if path.suffix.lower() in (".yml", ".yaml", ".json"):
-        return False
-    return not any(part in ("group_vars", "host_vars") for part in path.parts)
+        text = Path(opt[1:]).read_text() if opt.startswith("@") else opt
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError):
+        return set()
+    return set(data) if isinstance(data, dict) else set()
 
 
-def _fact_names(variable_manager, host: str, hostvars_host) -> set:
-    names: set = set()
-    for cache_name in ("_fact_cache", "_nonpersistent_fact_cache"):
-        cache = getattr(variable_manager, cache_name, None)
+def _ini_vars(sources) -> dict:
+    """{host: {name: value}} as the INI inventory sources among ``sources`` (ansible_inventory_sources) set them
+    (host lines and [group:vars], with the group chain), parsed again by Ansible's own ini inventory plugin into
+    a fresh InventoryData. YAML/JSON sources and group_vars/host_vars files carry types and are left out."""
+    from ansible.errors import AnsibleError
+    from ansible.inventory.data import InventoryData
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import inventory_loader
+
+    files = []
+    for src in sources or ():
+        path = Path(str(src))
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            files.append(path)
+    out: dict = {}
+    plugin = inventory_loader.get("ini")
+    for f in files:
+        if f.suffix.lower() in (".yml", ".yaml", ".json", ".py", ".sh", ".cfg", ".md") or not plugin.verify_file(str(f)):
+            continue
+        data = InventoryData()
         try:
-            names.update((cache or {}).get(host) or {})
-        except Exception:  # noqa: BLE001 - a cache plugin may refuse; fall back to ansible_facts below
-            pass
+            plugin.parse(data, DataLoader(), str(f), cache=False)
+        except AnsibleError:
+            continue  # not INI: another plugin read it
+        for name, host in data.hosts.items():
+            merged: dict = {}
+            for group in sorted(host.get_groups(), key=lambda g: g.depth):
+                merged.update(group.get_vars())
+            merged.update(host.get_vars())
+            out.setdefault(name, {}).update(merged)
+    return out
+
+
+def _untyped(name: str, value, host: str, cli: set, ini: dict) -> bool:
+    """True when Ansible read the value from a source that cannot carry types: -e key=value, or an INI inventory
+    (that set this very value: a typed source of higher precedence overrides it otherwise)."""
+    if not isinstance(value, str):
+        return False
+    if name in cli:
+        return True
+    ini_host = ini.get(host) or {}
+    return name in ini_host and ini_host[name] == value
+
+
+def _fact_names(hostvars_host) -> set:
+    """The names the host's facts (the fact cache, before any host is contacted) put among its variables."""
+    names: set = set()
     try:
         facts = hostvars_host.get("ansible_facts") or {}
         names.update(facts)
@@ -126,7 +180,7 @@ class ActionModule(bases.ControllerAction):
         if group != cm.TRAINERS and group in groups:
             groups[cm.TRAINERS] = groups[group]
         hostvars = task_vars.get("hostvars")
-        variable_manager = getattr(hostvars, "_variable_manager", None)
+        cli, ini = _cli_untyped(), _ini_vars(task_vars.get("ansible_inventory_sources"))
         try:
             roles = cm.load_role_specs(roles_dir)
         except Exception as exc:  # noqa: BLE001 - a broken spec file must name itself
@@ -145,7 +199,7 @@ class ActionModule(bases.ControllerAction):
         lenient: dict[str, set] = {}
         for host in groups.get(cm.TRAINERS) or []:
             hv = hostvars[host]
-            facts = _fact_names(variable_manager, host, hv)
+            facts = _fact_names(hv)
             picked: dict = {}
             names = [n for n in hv.keys()
                      if n not in facts and (n in HOST_VARS or n in removed or n in reserved
@@ -156,7 +210,7 @@ class ActionModule(bases.ControllerAction):
                 except Exception:  # noqa: BLE001 - a template that refers to role defaults resolves later
                     continue
                 picked[name] = value
-                if _untyped_source(value):
+                if _untyped(name, value, host, cli, ini):
                     lenient.setdefault(host, set()).add(name)
             user_vars[host] = picked
 
@@ -174,12 +228,12 @@ class ActionModule(bases.ControllerAction):
             return result
 
         hosts = groups[cm.TRAINERS]
-        plain = {h: {k: cm._plain(v) for k, v in user_vars[h].items()} for h in hosts}
+        plain = {h: {k: cluster_model._plain(v) for k, v in user_vars[h].items()} for h in hosts}
         for h in hosts:
             for var in lenient.get(h, ()):
                 spec = next((r["options"].get(var) for r in roles.values() if var in r.get("options", {})), None)
                 typ = (spec or {}).get("type", "int" if var == "node_rank" else "str")
-                plain[h][var] = cm._coerce(plain[h][var], typ)
+                plain[h][var] = cluster_model._coerce(plain[h][var], typ)
         models = cm.compute_models(hosts, plain, defaults)
         result["models"] = models
         result["hosts_by_rank"] = models[hosts[0]]["hosts_by_rank"]

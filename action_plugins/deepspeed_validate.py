@@ -96,7 +96,8 @@ import json
 import os
 import sys
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, nccl_vars, python_child
+from ansible_collections.trainyard.core.plugins.plugin_utils import ds_config, python_child
+from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
 
 # Typed stand-ins for "auto" values an integration fills at run time (ds_config.AUTO_FILLED says which
 # integration fills which key), keyed by DeepSpeed's canonical path; None: leave the key out (DeepSpeed computes it).
@@ -189,7 +190,7 @@ def _validate_in_process(config, allow_unknown_keys):
     else:
         for key in config:
             if key not in seen and key not in allow_unknown_keys:
-                near = nccl_vars.nearest(key, seen)
+                near = nearest(key, seen)
                 hint = f"; did you mean {near}?" if near else ""
                 errors.append(f"{key}: DeepSpeed {deepspeed.__version__} does not read this top-level key{hint}")
     return {"ok": not errors, "errors": errors, "deepspeed_version": deepspeed.__version__}

@@ -104,7 +104,6 @@ cached:
   type: bool
 """
 
-import difflib
 import json
 import os
 import socket
@@ -112,6 +111,7 @@ import sys
 import tempfile
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import python_child
+from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
 
 
 def merge_overrides(config, overrides):
@@ -164,9 +164,9 @@ def _validate_in_process(config, overrides, deepspeed_config):
     if unknown:
         errors = []
         for key in unknown:
-            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            near = nearest(key, keys)
             errors.append(f"{key}: LLaMA-Factory {version} has no such argument"
-                          + (f"; did you mean {near[0]}?" if near else ""))
+                          + (f"; did you mean {near}?" if near else ""))
         return {"ok": False, "errors": errors, "llamafactory_version": version}
     import torch
 

@@ -66,19 +66,12 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import bases, gpu_c
 
 
 def registered(task_vars, host, name):
-    """The result `host` registered under `name`, None when it has none. Read from the variable manager's
-    per-run store where registered results live (one dict lookup), not through hostvars[host], which assembles
-    every variable of that host: per node and per peer that would cost the controller O(n^2) in all."""
+    """The result `host` registered under `name`, None when it has none: this host's from its own task_vars, a
+    peer's through the public hostvars mapping."""
     if host == task_vars.get("inventory_hostname"):
         return task_vars.get(name)
-    hostvars = task_vars.get("hostvars")
-    store = getattr(getattr(hostvars, "_variable_manager", None), "_nonpersistent_fact_cache", None)
-    if isinstance(store, dict) or hasattr(store, "get"):
-        found = (store.get(host) or {}).get(name)
-        if found is not None:
-            return found
     try:
-        return hostvars[host].get(name)
+        return task_vars.get("hostvars")[host].get(name)
     except (KeyError, TypeError, AttributeError):
         return None
 

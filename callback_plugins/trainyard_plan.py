@@ -167,13 +167,13 @@ class CallbackModule(bases.AlwaysLoadedCallback):
         return bool(context.CLIARGS.get("check"))
 
     def v2_runner_on_ok(self, result):
-        task = result._task
-        res = result._result
+        task = result.task
+        res = result.result
         if self._vm is None or not self._task_in_check_mode(task):
             return
         if not res.get("changed") and not (kind_of(task.action) == "job" and isinstance(res.get("plan"), Mapping)):
             return
-        host = result._host.get_name()
+        host = result.host.get_name()
         action = task.action
         items = res.get("results") if isinstance(res.get("results"), list) else None
         entries = []
@@ -198,12 +198,12 @@ class CallbackModule(bases.AlwaysLoadedCallback):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         """A launch that would stop the run (the job runs with another command) is part of the plan too."""
-        task = result._task
-        res = result._result
+        task = result.task
+        res = result.result
         if self._vm is None or not self._task_in_check_mode(task) or kind_of(task.action) != "job" \
                 or not isinstance(res.get("plan"), Mapping):
             return
-        self._add(result._host.get_name(), [{
+        self._add(result.host.get_name(), [{
             "task": task.get_name(), "kind": "job", "action": _short(task.action), "summary": res["plan"].get("summary", ""),
             "diff": "", "changed": False, "job": dict(res["plan"])}])
 

@@ -26,9 +26,10 @@ description:
     line of the job log), not held open or mapped by any live process outside the job, and not named
     C(torch_<pid>_...) after a live process outside the job. Everything else is reported in C(kept) with the
     reason, never removed. Symlinks are removed as links, never followed."
-  - "Port: listeners on C(port) (default: the state's C(master_port)) are found through C(/proc/net/tcp*) and
-    the sockets in C(/proc/*/fd). A listener of the job is killed with the job; any other holder is reported
-    (PID and command) and left alone."
+  - "Port: the holders of C(port) (default: the state's C(master_port)), a socket listening on it or bound to it
+    and not listening, are found through C(/proc/net/tcp*) and the sockets in C(/proc/*/fd), by the rule the
+    preflight's C(port_check) uses (C(module_utils/proc_sockets.py)). A holder of the job is killed with the job;
+    any other holder is reported (PID and command) and left alone."
   - "The launch's own records (with I(remove_state)): once no process of the job is left, its launch state
     (C(launch.json), C(launch.pid.json), C(launch.spec.json)) is removed, the secret files in I(secrets_dir) are
     deleted (the directory stays: the training container mounts it) and I(secret_env_file) is removed. Links are
@@ -128,7 +129,7 @@ found:
   contains:
     processes: {description: "[{pid, comm, cmdline}] of the job and its sidecars", type: list}
     files: {description: leftover paths attributed to the job, type: list}
-    port_holders: {description: "[{pid, cmdline, ours}] listening on the port", type: list}
+    port_holders: {description: "[{pid, cmdline, ours}] holding the port (listening, or bound and not listening)", type: list}
 cleaned:
   description: What was removed (in check mode, what would be).
   returned: always
@@ -180,32 +181,16 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+from ansible_collections.trainyard.core.plugins.module_utils.proc_sockets import fd_targets, port_holders, socket_inode
 
 STATE_FILE = "launch.json"
 # The launch's records of one start (module_utils/torchrun.py: STATE_FILE, PID_FILE, SPEC_FILE).
 RECORD_FILES = ("launch.json", "launch.pid.json", "launch.spec.json")
 START_LINE = re.compile(r"^trainyard-launch: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) start ", re.M)
 TORCH_SHM = re.compile(r"^torch_(\d+)_")
-TCP_LISTEN = "0A"
 
 
 # ------------------------------------------------------------------------------------------ pure helpers
-
-def parse_proc_net_tcp(text, port):
-    """Socket inodes listening on ``port`` in the text of /proc/net/tcp or tcp6."""
-    inodes = set()
-    for line in text.splitlines()[1:]:
-        f = line.split()
-        if len(f) < 10 or f[3] != TCP_LISTEN:
-            continue
-        try:
-            lport = int(f[1].rsplit(":", 1)[1], 16)
-        except (IndexError, ValueError):
-            continue
-        if lport == int(port) and f[9] != "0":
-            inodes.add(f[9])
-    return inodes
-
 
 def started_from_log(text):
     """Epoch seconds of the last 'trainyard-launch: <time> start' line of a job log (local time), or None."""
@@ -297,21 +282,6 @@ def attribute(entry, job, holders_of, live_others):
 
 # --------------------------------------------------------------------------------------------- /proc scans
 
-def proc_fd_targets(pid):
-    out = []
-    d = "/proc/%d/fd" % pid
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return out
-    for n in names:
-        try:
-            out.append(os.readlink(os.path.join(d, n)))
-        except OSError:
-            continue
-    return out
-
-
 def proc_mapped_paths(pid):
     out = set()
     try:
@@ -338,11 +308,11 @@ def held_paths(pid, unix=None):
     """{path: how} for everything a process holds: open files, unix sockets bound to a path (through their
     socket inode), mapped files, its working directory and its root (when not /)."""
     out = {}
-    for t in proc_fd_targets(pid):
+    for t in fd_targets(pid):
         if t.startswith("/"):
             out.setdefault(t, "open file")
-        elif t.startswith("socket:[") and unix:
-            path = unix.get(t[len("socket:["):-1])
+        elif unix and socket_inode(t) is not None:
+            path = unix.get(str(socket_inode(t)))
             if path:
                 out[path] = "unix socket %s" % path
     for path in proc_mapped_paths(pid):
@@ -361,15 +331,20 @@ def open_paths(pid, unix=None):
     return set(held_paths(pid, unix))
 
 
-def listening_inodes(port):
-    inodes = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                inodes |= parse_proc_net_tcp(f.read(), port)
-        except (IOError, OSError):
-            continue
-    return inodes
+def port_owners(port, ours, proc=pg.PROC):
+    """The processes holding ``port`` ({pid, comm, cmdline, ours}), through module_utils/proc_sockets.py (the
+    rule the preflight's port_check uses too); a holding socket no visible process has is one entry, pid None."""
+    stats = dict((st.pid, st) for st in pg.all_stats(proc))
+    sockets = port_holders(port, stats, proc)
+    if not sockets:
+        return []
+    out = []
+    for pid in sorted(set(pid for s in sockets for pid in s["pids"])):
+        out.append({"pid": pid, "comm": stats[pid].comm, "cmdline": pg.read_cmdline(pid, proc), "ours": pid in ours})
+    if not out:
+        out.append({"pid": None, "comm": "", "cmdline": [], "ours": False,
+                    "note": "a socket holds the port but no visible process has it (another PID namespace?)"})
+    return out
 
 
 def unlink_in(dir_path, names=None, check=False):
@@ -526,8 +501,8 @@ class Reset(object):
         for st in pg.all_stats():
             if st.state in ("Z", "X", "x"):
                 continue
-            targets = proc_fd_targets(st.pid)
-            seen_inodes.update(t[len("socket:["):-1] for t in targets if t.startswith("socket:["))
+            targets = fd_targets(st.pid)
+            seen_inodes.update(str(socket_inode(t)) for t in targets if socket_inode(t) is not None)
             if st.pid in exclude:
                 continue
             for t, how in held_paths(st.pid, unix).items():
@@ -551,20 +526,9 @@ class Reset(object):
             os.close(fd)
 
     # ------------------------------------------------------------------ port
-    def port_holders(self, port, ours):
-        inodes = listening_inodes(port)
-        if not inodes:
-            return []
-        targets = set("socket:[%s]" % i for i in inodes)
-        out = []
-        for st in pg.all_stats():
-            if any(t in targets for t in proc_fd_targets(st.pid)):
-                out.append({"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid),
-                            "ours": st.pid in ours})
-        if not out:
-            out.append({"pid": None, "comm": "", "cmdline": [], "ours": False,
-                        "note": "a listener exists but no visible process holds it (another PID namespace?)"})
-        return out
+    @staticmethod
+    def port_holders(port, ours):
+        return port_owners(port, ours)
 
     def gpu_users(self, exclude):
         prefix = self.p["gpu_devices"]
@@ -572,7 +536,7 @@ class Reset(object):
         for st in pg.all_stats():
             if st.pid in exclude or st.state in ("Z", "X", "x"):
                 continue
-            devs = sorted(set(t for t in proc_fd_targets(st.pid) if t.startswith(prefix)))
+            devs = sorted(set(t for t in fd_targets(st.pid) if t.startswith(prefix)))
             if devs:
                 out.append({"pid": st.pid, "comm": st.comm, "cmdline": pg.read_cmdline(st.pid), "devices": devs})
         return out

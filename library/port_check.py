@@ -140,7 +140,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
-from ansible_collections.trainyard.core.plugins.module_utils.netcheck import parse_proc_net_tcp, port_verdict, socket_inode
+from ansible_collections.trainyard.core.plugins.module_utils import proc_sockets
+from ansible_collections.trainyard.core.plugins.module_utils.netcheck import port_verdict
 from ansible_collections.trainyard.core.plugins.module_utils.netprobe import connect
 
 
@@ -152,40 +153,23 @@ def read(path, mode="r"):
         return None
 
 
-def command_of(pid):
-    raw = read("/proc/%d/cmdline" % pid, "rb")
+def command_of(pid, proc=pg.PROC):
+    raw = read("%s/%d/cmdline" % (proc, pid), "rb")
     if raw:
         return " ".join(x.decode("utf-8", "replace") for x in raw.split(b"\0") if x)
-    comm = read("/proc/%d/comm" % pid)
+    comm = read("%s/%d/comm" % (proc, pid))
     return "[%s]" % comm.strip() if comm else ""
 
 
-def holders_of(port):
-    sockets = []
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        sockets.extend(parse_proc_net_tcp(read(name) or "", port))
-    if not sockets:
-        return []
-    want = dict((s["inode"], s) for s in sockets)
-    found = {}
-    for pid in (st.pid for st in pg.all_stats()):
-        fd_dir = "/proc/%d/fd" % pid
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                inode = socket_inode(os.readlink(os.path.join(fd_dir, fd)))
-            except OSError:
-                continue
-            if inode in want and inode not in found:
-                found[inode] = pid
+def holders_of(port, proc=pg.PROC):
+    """One entry per (socket holding the port, process holding that socket), through module_utils/proc_sockets.py
+    (the rule reset uses too); a socket no visible process holds is one entry with pid None."""
     out = []
-    for inode, s in sorted(want.items()):
-        pid = found.get(inode)
-        out.append({"pid": pid, "command": command_of(pid) if pid else "no process visible (another namespace?)",
-                    "local": "%s:%d" % (s["local"], s["port"]), "state": s["state"], "inode": inode})
+    for s in proc_sockets.port_holders(port, [st.pid for st in pg.all_stats(proc)], proc):
+        for pid in s["pids"] or [None]:
+            out.append({"pid": pid, "command": command_of(pid, proc) if pid else
+                        "no process visible (another namespace?)",
+                        "local": "%s:%d" % (s["local"], s["port"]), "state": s["state"], "inode": s["inode"]})
     return out
 
 
@@ -202,15 +186,15 @@ def load_state(path):
     return data if isinstance(data, dict) else None
 
 
-def inspect(port, state_file):
-    holders = holders_of(port)
+def inspect(port, state_file, proc=pg.PROC):
+    holders = holders_of(port, proc)
     state = load_state(state_file)
     ours, live = set(), False
     if holders and state:
         # The job's processes, selected as reset.yml selects them (a leftover of a crashed job, its launcher gone,
         # is known by the launch token in its environment).
-        ours = {st.pid for st in pg.recorded_job(state, pg.all_stats())}
-        live = pg.recorded_alive(state)
+        ours = {st.pid for st in pg.recorded_job(state, pg.all_stats(proc))}
+        live = pg.recorded_alive(state, proc=proc)
     return holders, port_verdict(port, holders, ours, live=live), ours
 
 

@@ -249,13 +249,6 @@ def test_did_you_mean_only_when_close(name, hint):
     assert nv.suggest(name) == hint
 
 
-def test_distance_threshold():
-    assert nv.max_distance("NCCL_ALGO") == 1 and nv.max_distance("NCCL_SOCKET_IFNAME") == 2
-    assert nv.nearest("NCCL_ALGX", ["NCCL_ALGO"]) == "NCCL_ALGO"
-    assert nv.nearest("NCCL_AXGX", ["NCCL_ALGO"]) is None
-    assert nv._distance("NCLL", "NCCL") == 1
-
-
 def test_ib_disable_is_refused_under_ib_and_roce_but_not_tcp():
     for profile in ("ib", "roce"):
         _, _, errors = nv.build_env([], {"NCCL_IB_DISABLE": 1}, (), profile)

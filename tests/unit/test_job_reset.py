@@ -31,22 +31,6 @@ def _load():
     return jr
 
 
-TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:9A2C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000
-   1: 0100007F:9A2C 0100007F:D0D0 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0000
-   2: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000
-   3: 00000000:9A2C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 0 1 0000
-"""
-
-
-def test_parse_proc_net_tcp_only_listeners_of_the_port():
-    m = _load()
-    assert m.parse_proc_net_tcp(TCP, 39468) == {"4242"}
-    assert m.parse_proc_net_tcp(TCP, 8080) == {"4444"}
-    assert m.parse_proc_net_tcp(TCP, 1) == set()
-    assert m.parse_proc_net_tcp("garbage\nline without fields", 1) == set()
-
-
 def test_started_from_log_takes_the_last_start_line():
     m = _load()
     text = ("trainyard-launch: 2026-11-22T10:00:00 start job: torchrun a\nnoise\n"

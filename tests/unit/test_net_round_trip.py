@@ -16,6 +16,7 @@ import pytest
 
 from conftest import BIN, REPO, adhoc, load
 from ansible_collections.trainyard.core.plugins.module_utils import netcheck
+from ansible_collections.trainyard.core.plugins.module_utils import proc_sockets
 from ansible_collections.trainyard.core.plugins.plugin_utils import netrecords
 
 filters = load("roles/network/filter_plugins/network_filters.py", "network_filters_rt")
@@ -97,7 +98,7 @@ def test_inspect_starts_the_probe_listener_in_the_same_call_and_it_ends_after_th
     assert r["verdict"]["state"] == "free" and r["listener"]["listening"] is True, r
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     for _ in range(100):  # the listener closes after its one expected connection
-        if not netcheck.parse_proc_net_tcp(open("/proc/net/tcp").read(), port):
+        if not proc_sockets.parse_proc_net_tcp(open("/proc/net/tcp").read(), port):
             break
         subprocess.run(["sleep", "0.1"])
     holder = adhoc("port_check", {"mode": "inspect", "port": port})

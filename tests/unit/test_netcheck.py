@@ -1,5 +1,5 @@
 """Pure functions of the network role (module_utils/netcheck.py): NIC selection, route parsing, ifupdown
-editing, ping parsing and pair diagnosis, /proc/net/tcp parsing, job ownership of a port, connect errors."""
+editing, ping parsing and pair diagnosis, job ownership of a port, connect errors."""
 
 from __future__ import annotations
 
@@ -251,39 +251,6 @@ def test_path_matrix():
     m = nc.path_matrix({"n1": {"n2": probe(True, True), "n3": probe(False, True)}})
     assert m["path_mtu"] == {"n1": {"n2": True, "n3": False}}
     assert m["path_base"] == {"n1": {"n2": True, "n3": True}}
-
-
-# --------------------------------------------------------------------------- /proc/net/tcp
-
-TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:9A4C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0
-   1: 0B011DAC:9A4C 0C011DAC:D3F2 01 00000000:00000000 00:00000000 00000000     0        0 4243 1 0
-   2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4244 1 0
-   3: 0B011DAC:9A4C 0D011DAC:D3F4 06 00000000:00000000 00:00000000 00000000     0        0 0 1 0
-   4: 0B011DAC:9A4C 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4245 1 0
-"""
-TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000000000000:9A4C 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5555 1 0
-   1: 0000000000000000FFFF00000B011DAC:9A4C 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5556 1 0
-"""
-
-
-def test_proc_net_tcp_finds_listeners_and_bound_sockets_only():
-    found = nc.parse_proc_net_tcp(TCP, 39500)
-    assert [(s["local"], s["state"], s["inode"]) for s in found] == [
-        ("0.0.0.0", "LISTEN", 4242), ("172.29.1.11", "CLOSE", 4245)]
-    assert nc.parse_proc_net_tcp(TCP, 8080)[0]["local"] == "127.0.0.1"
-    assert nc.parse_proc_net_tcp(TCP, 1) == []
-
-
-def test_proc_net_tcp6():
-    found = nc.parse_proc_net_tcp(TCP6, 39500)
-    assert [s["local"] for s in found] == ["::", "::ffff:172.29.1.11"]
-
-
-def test_socket_inode():
-    assert nc.socket_inode("socket:[4242]") == 4242
-    assert nc.socket_inode("pipe:[4242]") is None and nc.socket_inode("/dev/null") is None
 
 
 # --------------------------------------------------------------------------- ownership

@@ -601,76 +601,7 @@ def node_share_text(probes, probed_by):
 
 # --------------------------------------------------------------------------- rendezvous port
 
-TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
-              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
-              "0B": "CLOSING"}
-
-
-def _hex_addr(text):
-    """'0100007F:1F90' -> ('127.0.0.1', 8080) for IPv4; IPv6 addresses come back as hex groups."""
-    addr, port = text.split(":")
-    if len(addr) == 8:
-        raw = bytearray.fromhex(addr)
-        ip = ".".join(str(b) for b in reversed(raw))
-    else:
-        raw = bytearray.fromhex(addr)
-        words = [raw[i:i + 4] for i in range(0, 16, 4)]
-        b = bytearray()
-        for w in words:
-            b.extend(reversed(w))
-        ip = ":".join("%02x%02x" % (b[i], b[i + 1]) for i in range(0, 16, 2))
-        ip = _compress_v6(ip)
-    return ip, int(port, 16)
-
-
-def _compress_v6(ip):
-    groups = [g.lstrip("0") or "0" for g in ip.split(":")]
-    if groups[:5] == ["0"] * 5 and groups[5] == "ffff":
-        hexes = "".join(g.zfill(4) for g in groups[6:])
-        return "::ffff:" + ".".join(str(int(hexes[i:i + 2], 16)) for i in range(0, 8, 2))
-    best, start = (0, 0), None
-    for i, g in enumerate(groups + ["x"]):
-        if g == "0" and start is None:
-            start = i
-        elif g != "0" and start is not None:
-            if i - start > best[1] - best[0]:
-                best = (start, i)
-            start = None
-    if best[1] - best[0] > 1:
-        return ":".join(groups[:best[0]]) + "::" + ":".join(groups[best[1]:])
-    return ":".join(groups)
-
-
-def parse_proc_net_tcp(text, port):
-    """Sockets bound to ``port`` that hold it (LISTEN, or bound and not yet listening) from /proc/net/tcp{,6}.
-
-    Returns [{local, port, state, inode}]; TIME_WAIT and connected sockets do not keep a listener from
-    binding (with SO_REUSEADDR, which torchrun's store uses), so only LISTEN/CLOSE count."""
-    out = []
-    for line in (text or "").splitlines()[1:]:
-        parts = line.split()
-        if len(parts) < 10:
-            continue
-        try:
-            ip, lport = _hex_addr(parts[1])
-        except (ValueError, IndexError):
-            continue
-        state = TCP_STATES.get(parts[3].upper(), parts[3])
-        if lport != int(port) or state not in ("LISTEN", "CLOSE"):
-            continue
-        if state == "CLOSE" and parts[2].split(":")[-1] != "0000":
-            continue
-        inode = int(parts[9])
-        if inode == 0:
-            continue
-        out.append({"local": ip, "port": lport, "state": state, "inode": inode})
-    return out
-
-
-def socket_inode(link_target):
-    """'socket:[12345]' -> 12345, anything else -> None."""
-    m = re.match(r"^socket:\[(\d+)\]$", link_target or "")
-    return int(m.group(1)) if m else None
+# Who holds the port (the /proc/net/tcp parser, the /proc/*/fd scan): module_utils/proc_sockets.py.
 
 
 def port_verdict(port, holders, ours, fix_reset="ansible-playbook reset.yml -e reset_confirm=true", live=False):

@@ -19,7 +19,6 @@ Typing rules (documented in roles/cluster/README.md):
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import posixpath
 import re
@@ -31,6 +30,7 @@ from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import
 from ansible_collections.trainyard.core.plugins.module_utils.netcheck import EXCLUDED_EXACT, EXCLUDED_PREFIXES
 from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
 from ansible_collections.trainyard.core.plugins.module_utils.torchrun import SECRET_NAME
+from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
 
 TRAINERS = "trainers"
 KNOWN_PREFIXES = ("cluster_", "network_", "nvidia_driver_", "fabricmanager_", "container_", "nccl_env_",
@@ -166,11 +166,6 @@ def merge(problems: Iterable[Problem]) -> list[Problem]:
         else:
             out[k] = Problem(p.what, p.fix, p.var, p.value, list(p.hosts), p.has_value)
     return list(out.values())
-
-
-def nearest(name: str, candidates: Iterable[str]) -> str | None:
-    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return found[0] if found else None
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:

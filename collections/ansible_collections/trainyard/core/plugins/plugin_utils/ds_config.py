@@ -36,7 +36,7 @@ import copy
 import hashlib
 import json
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars  # the shared "did you mean" rule
+from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
 
 # canonical DeepSpeedZeroConfig field → the other spellings DeepSpeed reads for it (first: the stage3_ alias)
 ZERO_ALIASES = {
@@ -301,7 +301,7 @@ def auto_errors(config, filler, source="the config"):
                           f"set deepspeed_config_auto_filler: {would[0]} if the job runs under it, or give a value")
         else:
             top = path.split(".")[0]
-            near = nccl_vars.nearest(top, {k.split(".")[0] for k in TRAINER_AUTO} - {top})
+            near = nearest(top, {k.split(".")[0] for k in TRAINER_AUTO} - {top})
             hint = f" (the top-level key {top}: did you mean {near}?)" if near else ""
             errors.append(f"{source} key {path}: \"auto\" is filled by neither the Hugging Face Trainer nor "
                           f"Accelerate; give a value{hint}")

@@ -27,6 +27,8 @@ import hashlib
 import re
 from collections import Counter
 
+from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
+
 _NCCL = """
     NCCL_ALGO NCCL_ALLOC_P2P_NET_LL_BUFFERS NCCL_ASYNC_ERROR_HANDLING NCCL_BLOCKING_WAIT NCCL_BUFFSIZE
     NCCL_CGA_CLUSTER_SIZE NCCL_CHECKS_DISABLE NCCL_CHECK_POINTERS NCCL_CHECK_TIMEOUT NCCL_CHUNK_SIZE
@@ -339,48 +341,8 @@ _VALUE_PROBLEMS = (
 )
 
 
-def _distance(a: str, b: str) -> int:
-    """Edit distance with adjacent transpositions (optimal string alignment)."""
-    if a == b:
-        return 0
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i] + [0] * len(b)
-        for j, cb in enumerate(b, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
-            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        prev2, prev = prev, cur
-    return prev[len(b)]
-
-
-def max_distance(name: str) -> int:
-    """How many edits a name may be from a known one to count as its typo: 1 up to 15 characters, 2 up to 23,
-    3 beyond (a longer name has more room for a slip, never enough to reach an unrelated name)."""
-    return 1 if len(name) < 16 else 2 if len(name) < 24 else 3
-
-
-def nearest(name: str, known, limit: int | None = None) -> str | None:
-    """The known name within max_distance(name) edits of `name` (case-insensitive), the closest first; None when
-    no known name is that close."""
-    limit = max_distance(name) if limit is None else limit
-    upper = name.upper()
-    best, best_d = None, limit + 1
-    for k in sorted(known):
-        if abs(len(k) - len(name)) > limit:
-            continue
-        d = _distance(upper, k.upper())
-        if d < best_d:
-            best, best_d = k, d
-    return best if best_d <= limit else None
-
-
 def suggest(name: str, known=KNOWN) -> str | None:
-    """The known name nearest to `name`, or None when nothing is close."""
-    upper = name.upper()
-    if upper != name and upper in known:
-        return upper
+    """The known variable nearest to `name` (plugin_utils/did_you_mean.py), or None when nothing is close."""
     return nearest(name, known)
 
 
