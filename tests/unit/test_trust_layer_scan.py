@@ -51,7 +51,7 @@ ALLOWED = {
     ("library/job_reset.py", "proc_mapped_paths", "open"): "reads /proc/<pid>/maps",
     ("library/job_reset.py", "unix_sockets", "open"): "reads /proc/net/unix",
     ("library/job_reset.py", "Reset.states", "open"): "reads launch.json in " + HOST_ONLY_STATE,
-    ("library/job_reset.py", "unlink_in", "open"): "removes the launch records in " + HOST_ONLY_STATE + " and the "
+    ("library/job_reset.py", "unlink_in", "os.open"): "removes the launch records in " + HOST_ONLY_STATE + " and the "
     "secret files of /run/trainyard/<job>/secrets (read-only in the container), through an O_NOFOLLOW directory "
     "descriptor",
     ("library/torchrun_launch.py", "Launch.load_state", "open"): "reads launch.json in " + HOST_ONLY_STATE,
