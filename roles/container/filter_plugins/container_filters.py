@@ -12,6 +12,7 @@ import re
 from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
+from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import engine_record, gpus_record
 
 
 def image_repository(ref: str) -> str:
@@ -471,4 +472,6 @@ class FilterModule:
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,
             "container_gpu_device_nodes": gpu_device_nodes,
+            "container_engine_record": engine_record,
+            "container_gpus_record": gpus_record,
         }

@@ -1,0 +1,76 @@
+"""No Jinja expression of the product's YAML over 300 characters (issue 34): a verdict that needs more is Python
+(a role's filter or an action over plugin_utils/, a module or a script under a role's files/), with unit tests.
+
+Scanned: roles/ (tasks, handlers, vars, defaults, meta, templates), playbooks/, site.yml and reset.yml: what the
+product runs. Not scanned: molecule/ and tests/ (test scaffolding) and examples/. Each `{{ ... }}` and `{% ... %}`
+is measured whitespace-normalised (a folded scalar's line breaks count as one space)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 300
+_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+
+# Not moved yet: the count of long expressions each file may still hold (playbooks/reset.yml and the roles'
+# tasks/reset.yml belong to the change that moves reset into a reset role). A file here that drops below its count
+# fails too, so the list only shrinks.
+KNOWN = {
+    "playbooks/reset.yml": 2,
+    "roles/network/tasks/reset.yml": 1,
+    "roles/cluster/tasks/report.yml": 1,
+    "roles/container/tasks/registry_reach.yml": 1,
+    "roles/container/tasks/verify.yml": 3,
+    "roles/container/vars/main.yml": 2,
+    "roles/deepspeed_config/tasks/build.yml": 1,
+    "roles/janitor/tasks/verify.yml": 1,
+    "roles/launch/tasks/collect_report.yml": 1,
+    "roles/launch/tasks/preflight.yml": 2,
+    "roles/launch/tasks/recover_convert.yml": 4,
+    "roles/launch/tasks/recover_report.yml": 2,
+    "roles/nccl_check/tasks/measure.yml": 5,
+    "roles/nccl_check/vars/main.yml": 1,
+    "roles/nccl_env/tasks/build.yml": 1,
+    "roles/network/vars/main.yml": 1,
+}
+
+
+def product_files():
+    files = [ROOT / "site.yml", ROOT / "reset.yml"]
+    for top in ("roles", "playbooks"):
+        files += sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".yml", ".yaml", ".j2"))
+    return [f for f in files if f.exists()]
+
+
+def long_expressions(text, limit=LIMIT):
+    """[(line, length)] of the Jinja expressions and blocks of `text` over `limit` characters, whitespace-normalised."""
+    out = []
+    for m in _EXPR.finditer(text):
+        size = len(" ".join(m.group(0).split()))
+        if size > limit:
+            out.append((text.count("\n", 0, m.start()) + 1, size))
+    return out
+
+
+def test_the_scanner_measures_normalised_expressions():
+    short = "x: >-\n  {{ " + "a " * 140 + "}}\n"
+    assert long_expressions(short) == []
+    assert long_expressions("y: 1\nx: \"{{ " + "a" * 300 + " }}\"\n") == [(2, 306)]
+    assert long_expressions("{% if " + "b and " * 60 + "c %}") == [(1, 370)]
+
+
+def test_no_jinja_expression_over_300_characters():
+    found, counts = [], {}
+    for path in product_files():
+        rel = path.relative_to(ROOT).as_posix()
+        hits = long_expressions(path.read_text(encoding="utf-8"))
+        counts[rel] = len(hits)
+        if len(hits) > KNOWN.get(rel, 0):
+            found += [f"{rel}:{line}: {size} characters" for line, size in hits]
+    stale = [f"{rel}: {counts.get(rel, 0)} left, KNOWN says {n}: lower KNOWN" for rel, n in KNOWN.items()
+             if counts.get(rel, 0) < n]
+    assert not found, (f"Jinja expressions over {LIMIT} characters (move the logic into Python: a role filter or "
+                       "an action over plugin_utils/, with unit tests):\n" + "\n".join(found))
+    assert not stale, "\n".join(stale)
