@@ -28,7 +28,6 @@ KNOWN = {
     "roles/janitor/tasks/verify.yml": 1,
     "roles/launch/tasks/collect_report.yml": 1,
     "roles/launch/tasks/preflight.yml": 2,
-    "roles/launch/tasks/recover_convert.yml": 4,
     "roles/launch/tasks/recover_report.yml": 2,
     "roles/nccl_check/tasks/measure.yml": 5,
     "roles/nccl_check/vars/main.yml": 1,
