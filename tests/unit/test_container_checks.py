@@ -103,3 +103,68 @@ def test_gpus_devices_fail_names_the_node_the_driver_and_the_fix():
                                  "libnvidia-ml.so.1 of driver 580.95 and /dev/nvidia0 must exist")
     assert cc.gpus_record(ctx(gpu_mode="devices", devices=[], driver_libs=LIBS_OK))["status"] == "fail"
     assert "of driver ? and" in cc.gpus_record(ctx(gpu_mode="devices"))["fix"]
+
+
+RUN = {"engine_ok": True, "name": "trainyard-job", "problems": [], "mounts": 3, "user": "65532:65532",
+       "caps": [], "no_new_privileges": True, "ulimits": ["memlock=-1:-1", "stack=67108864:67108864"],
+       "run_msg": None, "run_ran": False}
+
+
+def test_running_pass_describes_the_container():
+    rec = cc.running_record(dict(RUN, pending_on={"container : Start the training container": {}}))
+    assert rec["check"] == "container.running" and rec["status"] == "pass"
+    assert rec["detail"] == ("trainyard-job: running, host network/IPC/PID, 3 mounts, user 65532:65532, capabilities "
+                             "none, no-new-privileges on")
+    assert rec["pending_on"] == {"container : Start the training container": {}}
+    assert cf.FilterModule().filters()["container_running_record"] is cc.running_record
+    detail = cc.running_record(dict(RUN, user="", caps=["SYS_PTRACE"], no_new_privileges=False))["detail"]
+    assert "user of the image, capabilities SYS_PTRACE, no-new-privileges off" in detail
+
+
+def test_running_skip_when_the_engine_does_not_answer():
+    rec = cc.running_record(dict(RUN, engine_ok=False))
+    assert (rec["status"], rec["detail"]) == ("skip", "not checked: the engine does not answer")
+
+
+def test_running_fail_lists_the_problems_and_how_to_recreate():
+    rec = cc.running_record(dict(RUN, problems=["not running", "image differs"]))
+    assert (rec["status"], rec["detail"]) == ("fail", "trainyard-job: not running; image differs")
+    assert rec["fix"] == "Run site.yml (container role) to create trainyard-job with the wanted configuration"
+    rec = cc.running_record(dict(RUN, problems=["not running"], run_ran=True, run_msg="Error  response\n from daemon"))
+    assert rec["detail"] == "trainyard-job: not running (start failed: Error response from daemon)"
+    assert rec["fix"] == ("Fix the cause above and rerun site.yml; it recreates trainyard-job when its configuration "
+                          "changed (docker logs trainyard-job on the node)")
+
+
+def test_running_fail_on_ulimits_names_the_engine_limits():
+    rec = cc.running_record(dict(RUN, problems=["not running"], run_ran=True,
+                                 run_msg="setrlimit(RLIMIT_MEMLOCK): operation not permitted: rlimit"))
+    assert rec["fix"] == ("The engine may not raise these ulimits (memlock=-1:-1, stack=67108864:67108864): run dockerd "
+                          "with LimitMEMLOCK=infinity and LimitSTACK=infinity (docker.service), or lower "
+                          "container_ulimits")
+
+
+def test_manifest_digest_of_one_manifest_or_a_platform_list():
+    one = '{"Descriptor": {"digest": "sha256:aaa"}}'
+    many = ('[{"Descriptor": {"digest": "sha256:arm", "platform": {"architecture": "arm64"}}},'
+            ' {"Descriptor": {"digest": "sha256:amd", "platform": {"architecture": "amd64"}}}]')
+    assert cc.manifest_digest(one) == "sha256:aaa"
+    assert cc.manifest_digest(many) == "sha256:amd"
+    assert cc.manifest_digest('[{"Descriptor": {"digest": "sha256:arm"}}]') == "sha256:arm"
+    assert cc.manifest_digest("") == cc.manifest_digest("[]") == cc.manifest_digest("not json") == "?"
+
+
+def test_registry_reach_pass_and_fail():
+    ok = cc.registry_reach_record({"rc": 0, "stdout": '{"Descriptor": {"digest": "sha256:aaa"}}'},
+                                  "reg:5000/t/train:1", "reg:5000")
+    assert ok["check"] == "container.registry_reach" and ok["ok"] is True
+    assert ok["detail"] == "reg:5000/t/train:1 is in the registry, digest sha256:aaa"
+    assert ok["data"] == {"registry_digest": "sha256:aaa"}
+    bad = cc.registry_reach_record({"rc": 1, "stderr": "Get https://reg:5000/v2/:\n  http: server gave HTTP"},
+                                   "reg:5000/t/train:1", "reg:5000")
+    assert bad["ok"] is False and bad["data"] == {"registry_digest": None}
+    assert bad["detail"] == ("the run would pull reg:5000/t/train:1 but this node cannot read it from the registry: "
+                             "Get https://reg:5000/v2/: http: server gave HTTP")
+    assert bad["fix"].startswith("Make the registry (reg:5000) reachable from this node")
+    assert cf.FilterModule().filters()["container_registry_reach_record"] is cc.registry_reach_record
+    assert cc.registry_reach_record(None, "i", "r")["detail"].endswith("from the registry: ?")

@@ -12,7 +12,8 @@ import re
 from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
-from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import engine_record, gpus_record
+from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
+    engine_record, gpus_record, registry_reach_record, running_record)
 
 
 def image_repository(ref: str) -> str:
@@ -474,4 +475,6 @@ class FilterModule:
             "container_gpu_device_nodes": gpu_device_nodes,
             "container_engine_record": engine_record,
             "container_gpus_record": gpus_record,
+            "container_running_record": running_record,
+            "container_registry_reach_record": registry_reach_record,
         }

@@ -9,6 +9,7 @@ to roles/container/tasks/engine.yml), unit-tested in tests/unit/test_container_c
 
 from __future__ import annotations
 
+import json
 import re
 
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -114,4 +115,74 @@ def gpus_record(ctx):
         "fix": fix,
         "data": {"gpu_mode": mode, "devices": list(ctx.get("devices") or []),
                  "driver_libraries": list(libs.get("libraries") or []), "drift": {"container_gpu_mode": mode}},
+    }
+
+
+def running_record(ctx):
+    """container.running from ctx: engine_ok, name (container_name), problems (container_config_problems's answer:
+    the running container against the wanted configuration), mounts (how many), user (container_user), caps
+    (container_caps_spec's list), no_new_privileges, ulimits (container_ulimits_spec's list), run_msg (the start
+    task's message, None when it has none), run_ran (whether the start task ran in this run), pending_on."""
+    ctx = ctx or {}
+    name, problems = ctx.get("name"), list(ctx.get("problems") or [])
+    run_msg = ctx.get("run_msg")
+    if not _flag(ctx.get("engine_ok")):
+        status, detail = "skip", "not checked: the engine does not answer"
+    elif not problems:
+        status = "pass"
+        detail = (f"{name}: running, host network/IPC/PID, {ctx.get('mounts', 0)} mounts, user "
+                  f"{ctx.get('user') or 'of the image'}, capabilities {' '.join(ctx.get('caps') or []) or 'none'}, "
+                  f"no-new-privileges {'on' if _flag(ctx.get('no_new_privileges')) else 'off'}")
+    else:
+        status, detail = "fail", f"{name}: " + "; ".join(problems)
+    if run_msg is not None:
+        detail += " (start failed: " + truncate(re.sub(r"\s+", " ", str(run_msg))) + ")"
+    if "rlimit" in (str(run_msg or "") + " ".join(problems)):
+        fix = (f"The engine may not raise these ulimits ({', '.join(ctx.get('ulimits') or [])}): run dockerd with "
+               "LimitMEMLOCK=infinity and LimitSTACK=infinity (docker.service), or lower container_ulimits")
+    elif _flag(ctx.get("run_ran")):
+        fix = (f"Fix the cause above and rerun site.yml; it recreates {name} when its configuration changed "
+               f"(docker logs {name} on the node)")
+    else:
+        fix = f"Run site.yml (container role) to create {name} with the wanted configuration"
+    rec = {"check": "container.running", "status": status, "detail": detail, "fix": fix}
+    if ctx.get("pending_on"):
+        rec["pending_on"] = ctx["pending_on"]
+    return rec
+
+
+def manifest_digest(stdout):
+    """The digest `docker manifest inspect -v` printed: one manifest, or a list per platform (then amd64's, the
+    platform the nodes run, else the first); '?' when there is none."""
+    try:
+        found = json.loads(stdout or "{}")
+    except ValueError:
+        found = {}
+    if isinstance(found, list):
+        amd64 = [m for m in found if isinstance(m, dict)
+                 and ((m.get("Descriptor") or {}).get("platform") or {}).get("architecture") == "amd64"]
+        found = (amd64 or found or [{}])[0]
+    descriptor = found.get("Descriptor") if isinstance(found, dict) else None
+    return (descriptor or {}).get("digest") or "?"
+
+
+def registry_reach_record(manifest, image, registry):
+    """container.registry_reach (check mode, where the run would pull) from the result of `docker manifest inspect
+    -v <image>` run on the node (rc, stdout, stderr; None: not run)."""
+    manifest = manifest or {}
+    ok = manifest.get("rc", 1) == 0
+    digest = manifest_digest(manifest.get("stdout")) if ok else None
+    if ok:
+        detail = f"{image} is in the registry, digest {digest}"
+    else:
+        why = truncate(re.sub(r"\s+", " ", str(manifest.get("stderr", "?"))))
+        detail = f"the run would pull {image} but this node cannot read it from the registry: {why}"
+    return {
+        "check": "container.registry_reach",
+        "ok": ok,
+        "detail": detail,
+        "fix": (f"Make the registry ({registry}) reachable from this node (address, port, firewall, TLS or the engine's "
+                "insecure-registries), check the image name and tag and the registry credentials "
+                "(container_registry_username, container_registry_password)"),
+        "data": {"registry_digest": digest},
     }
