@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """Filters of playbooks/recover.yml: which checkpoint shards survive and what to copy (module_utils/recover.py), how
-the new head converts the checkpoint and what the survivors resume from (plugin_utils/recover_convert.py)."""
+the new head converts the checkpoint, what the survivors resume from and recover.json (plugin_utils/recover_convert.py)."""
 
 from __future__ import annotations
 
@@ -51,4 +51,5 @@ class FilterModule:
                 "trainyard_recover_full_problem": rc.full_resume_problem,
                 "trainyard_recover_section": rc.report_section,
                 "trainyard_recover_convert_command": recover_convert.convert_command,
-                "trainyard_recover_resume_line": recover_convert.resume_line}
+                "trainyard_recover_resume_line": recover_convert.resume_line,
+                "trainyard_recover_record": recover_convert.recover_record}

@@ -95,3 +95,15 @@ def test_the_script_through_python_c_with_torch(tmp_path):
 def test_the_script_refuses_an_unknown_command():
     out = run_script("convert", "/x")
     assert out.returncode == 2 and "usage: recover_ckpt.py world|unfuse PATH" in out.stderr
+
+
+def test_recover_record_is_the_plan_with_the_resume():
+    plan = {"summary": "node3 dropped", "dropped": [{"host": "node3"}], "survivors": ["node1", "node2"],
+            "rank_map": {"node1": 0, "node2": 1}, "old_rank_map": {"node1": 0, "node2": 1, "node3": 2},
+            "head": "node1", "head_moved": False, "world_size": 2, "world_size_before": 3, "models": {"x": 1}}
+    rec = rcv.recover_record(plan, "full", "/out/ck", True, {"how": "universal"})
+    assert rec == {"summary": "node3 dropped", "dropped": [{"host": "node3"}], "survivors": ["node1", "node2"],
+                   "rank_map": {"node1": 0, "node2": 1}, "old_rank_map": {"node1": 0, "node2": 1, "node3": 2},
+                   "head": "node1", "head_moved": False, "world_size": 2, "world_size_before": 3,
+                   "resume_mode": "full", "checkpoint": "/out/ck", "converted": True, "resume": {"how": "universal"}}
+    assert flt["trainyard_recover_record"] is rcv.recover_record

@@ -38,3 +38,13 @@ def resume_line(listing, head, mode, converted=False, saved_world=0, world_size=
     else:
         what = ckpt or f"no complete checkpoint on {head}: the job starts from step 0"
     return "Resume: " + what
+
+
+def recover_record(plan, mode, checkpoint="", converted=False, resume=None):
+    """recover.json: recover_plan's answer (summary, dropped, survivors, rank maps, head, world sizes) with the resume
+    decided (mode, checkpoint, whether it was converted, the report section's resume)."""
+    plan = plan or {}
+    keys = ("summary", "dropped", "survivors", "rank_map", "old_rank_map", "head", "head_moved", "world_size",
+            "world_size_before")
+    return dict({k: plan.get(k) for k in keys}, resume_mode=mode, checkpoint=checkpoint or "",
+                converted=bool(converted), resume=resume)
