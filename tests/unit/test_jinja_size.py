@@ -23,8 +23,6 @@ KNOWN = {
     "roles/cluster/tasks/report.yml": 1,
     "roles/deepspeed_config/tasks/build.yml": 1,
     "roles/janitor/tasks/verify.yml": 1,
-    "roles/nccl_check/tasks/measure.yml": 5,
-    "roles/nccl_check/vars/main.yml": 1,
     "roles/nccl_env/tasks/build.yml": 1,
     "roles/network/vars/main.yml": 1,
 }
