@@ -21,48 +21,45 @@ _INTRA_FIX_SLOW = ("Intra-node bandwidth is below the floor: check NVLink state 
                    "nccl_check_min_intra_busbw_gbps")
 
 
-def _status(result, floor):
+def _record(check, result, floor, details, fixes):
+    """One record: details and fixes are (skipped, failed, measured) and (failed, measured)."""
     if result.get("skipped"):
-        return "skip"
-    if not result.get("ok"):
-        return "fail"
-    return "fail" if float(result.get("busbw_gbps") or 0) < float(floor) else "pass"
+        status, detail = "skip", details[0]
+    elif not result.get("ok"):
+        status, detail = "fail", details[1]
+    else:
+        status = "fail" if float(result.get("busbw_gbps") or 0) < float(floor) else "pass"
+        detail = details[2]
+    return {"check": check, "status": status, "detail": detail, "fix": fixes[1] if result.get("ok") else fixes[0],
+            "data": {"busbw_gbps": result.get("busbw_gbps"), "algbw_gbps": result.get("algbw_gbps"),
+                     "floor_gbps": floor}}
 
 
-def _data(result, floor):
-    return {"busbw_gbps": result.get("busbw_gbps"), "algbw_gbps": result.get("algbw_gbps"), "floor_gbps": floor}
+def _measured(result, where, floor):
+    return (f"busbw {result.get('busbw_gbps')} GB/s ({result.get('backend')}, {result.get('world_size')} ranks"
+            f"{where}, floor {floor} GB/s)")
 
 
 def inter_node_record(result, nnodes, floor, rc=None, env_file=None, port=None):
     """nccl_check.inter_node: result, the parsed all-reduce across every node ({skipped: true} on one node); nnodes;
     floor, nccl_check_min_inter_busbw_gbps; rc, the run's exit code; env_file (None: not rendered), port."""
     result = result or {}
-    if result.get("skipped"):
-        detail = "one node: no inter-node path to measure"
-    elif not result.get("ok"):
-        detail = f"all-reduce across {nnodes} nodes did not complete (rc {rc}): {result.get('error')}"
-    else:
-        detail = (f"busbw {result.get('busbw_gbps')} GB/s ({result.get('backend')}, {result.get('world_size')} ranks "
-                  f"on {nnodes} nodes, floor {floor} GB/s)")
-    if not result.get("ok"):
-        fix = _INTER_FIX_FAILED.format(env_file="the env file" if env_file is None else env_file, port=port)
-    else:
-        fix = _INTER_FIX_SLOW
-    data = dict(_data(result, floor), drift={"nccl_inter_busbw_gbps": result.get("busbw_gbps")})
-    return {"check": "nccl_check.inter_node", "status": _status(result, floor), "detail": detail, "fix": fix,
-            "data": data}
+    rec = _record("nccl_check.inter_node", result, floor, (
+        "one node: no inter-node path to measure",
+        f"all-reduce across {nnodes} nodes did not complete (rc {rc}): {result.get('error')}",
+        _measured(result, f" on {nnodes} nodes", floor),
+    ), (_INTER_FIX_FAILED.format(env_file="the env file" if env_file is None else env_file, port=port),
+        _INTER_FIX_SLOW))
+    rec["data"]["drift"] = {"nccl_inter_busbw_gbps": result.get("busbw_gbps")}
+    return rec
 
 
 def intra_node_record(result, floor, rc=None):
     """nccl_check.intra_node: result, the parsed all-reduce within the node ({skipped: true} with one process per
     node); floor, nccl_check_min_intra_busbw_gbps; rc, the run's exit code."""
     result = result or {}
-    if result.get("skipped"):
-        detail = "one process per node: no intra-node path to measure"
-    elif not result.get("ok"):
-        detail = f"all-reduce within the node did not complete (rc {rc}): {result.get('error')}"
-    else:
-        detail = (f"busbw {result.get('busbw_gbps')} GB/s ({result.get('backend')}, {result.get('world_size')} ranks, "
-                  f"floor {floor} GB/s)")
-    return {"check": "nccl_check.intra_node", "status": _status(result, floor), "detail": detail,
-            "fix": _INTRA_FIX_SLOW if result.get("ok") else _INTRA_FIX_FAILED, "data": _data(result, floor)}
+    return _record("nccl_check.intra_node", result, floor, (
+        "one process per node: no intra-node path to measure",
+        f"all-reduce within the node did not complete (rc {rc}): {result.get('error')}",
+        _measured(result, "", floor),
+    ), (_INTRA_FIX_FAILED, _INTRA_FIX_SLOW))
