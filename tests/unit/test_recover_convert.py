@@ -107,3 +107,10 @@ def test_recover_record_is_the_plan_with_the_resume():
                    "head": "node1", "head_moved": False, "world_size": 2, "world_size_before": 3,
                    "resume_mode": "full", "checkpoint": "/out/ck", "converted": True, "resume": {"how": "universal"}}
     assert flt["trainyard_recover_record"] is rcv.recover_record
+
+
+def test_the_script_survives_the_command_module():
+    # ansible.builtin.command expands $VARS and a leading ~ in every argument (expand_argument_vars): the text the
+    # task passes with -c must hold neither.
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert "$" not in text and not text.startswith("~")
