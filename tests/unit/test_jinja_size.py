@@ -1,9 +1,9 @@
 """No Jinja expression of the product's YAML over 300 characters (issue 34): a verdict that needs more is Python
 (a role's filter or an action over plugin_utils/, a module or a script under a role's files/), with unit tests.
 
-Scanned: roles/ (tasks, handlers, vars, defaults, meta, templates), playbooks/, site.yml and reset.yml: what the
-product runs. Not scanned: molecule/ and tests/ (test scaffolding) and examples/. Each `{{ ... }}` and `{% ... %}`
-is measured whitespace-normalised (a folded scalar's line breaks count as one space)."""
+Scanned: what the product runs: roles/ (tasks, handlers, vars, defaults, meta, templates), playbooks/, templates/,
+inventory/, site.yml and reset.yml. Not scanned: molecule/ and tests/ (test scaffolding) and examples/. Each
+`{{ ... }}` and `{% ... %}` is measured whitespace-normalised (a folded scalar's line breaks count as one space)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ KNOWN = {
 
 def product_files():
     files = [ROOT / "site.yml", ROOT / "reset.yml"]
-    for top in ("roles", "playbooks"):
+    for top in ("roles", "playbooks", "templates", "inventory"):
         files += sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".yml", ".yaml", ".j2"))
     return [f for f in files if f.exists()]
 
