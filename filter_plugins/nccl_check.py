@@ -1,8 +1,10 @@
-"""Filters of the nccl_check role."""
+"""Filters of the nccl_check role: the benchmark's result line, and the role's records (plugin_utils/allreduce_checks.py)."""
 
 from __future__ import annotations
 
 import json
+
+from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import inter_node_record, intra_node_record
 
 PREFIX = "trainyard-allreduce: "
 
@@ -34,4 +36,6 @@ def allreduce_result(registered):
 
 class FilterModule:
     def filters(self):
-        return {"trainyard_allreduce_result": allreduce_result}
+        return {"trainyard_allreduce_result": allreduce_result,
+                "trainyard_allreduce_inter_record": inter_node_record,
+                "trainyard_allreduce_intra_record": intra_node_record}

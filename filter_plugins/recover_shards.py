@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
-"""Filters of playbooks/recover.yml: which checkpoint shards survive and what to copy (module_utils/recover.py)."""
+"""Filters of playbooks/recover.yml: which checkpoint shards survive and what to copy (module_utils/recover.py), how
+the new head converts the checkpoint, what the survivors resume from and recover.json (plugin_utils/recover_convert.py)."""
 
 from __future__ import annotations
 
 from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
+from ansible_collections.trainyard.core.plugins.plugin_utils import recover_convert
 
 
 def shard_plan(listings, head, name, world_size, prefer=(), old_hosts=(), nproc_per_node=1):
@@ -47,4 +49,7 @@ class FilterModule:
         return {"trainyard_shard_plan": shard_plan, "trainyard_shard_sources": shard_sources,
                 "trainyard_recover_weights": recover_weights,
                 "trainyard_recover_full_problem": rc.full_resume_problem,
-                "trainyard_recover_section": rc.report_section}
+                "trainyard_recover_section": rc.report_section,
+                "trainyard_recover_convert_command": recover_convert.convert_command,
+                "trainyard_recover_resume_line": recover_convert.resume_line,
+                "trainyard_recover_record": recover_convert.recover_record}

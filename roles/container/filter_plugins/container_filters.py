@@ -12,6 +12,8 @@ import re
 from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
+from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
+    engine_record, gpus_record, registry_reach_record, running_record)
 
 
 def image_repository(ref: str) -> str:
@@ -454,6 +456,19 @@ def health_records(exec_result: dict | None, params: dict) -> list:
     return out
 
 
+def reset_summary(name, restarted, recreate_error, existed, recreated):
+    """The container's line of reset.yml's summary: restarted, a failed recreate (its message, cut to 200
+    characters), recreated or created, or left alone."""
+    if restarted:
+        return f"{name} restarted"
+    if recreate_error:
+        text = str(recreate_error)
+        return f"{name}: recreate failed: {text if len(text) <= 200 else text[:197] + '...'}"
+    if recreated:
+        return f"{name} {'recreated' if existed else 'created'}"
+    return f"{name} running, left alone"
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -470,4 +485,9 @@ class FilterModule:
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,
             "container_gpu_device_nodes": gpu_device_nodes,
+            "container_engine_record": engine_record,
+            "container_gpus_record": gpus_record,
+            "container_running_record": running_record,
+            "container_registry_reach_record": registry_reach_record,
+            "container_reset_summary": reset_summary,
         }

@@ -1,0 +1,188 @@
+# -*- coding: utf-8 -*-
+"""Verdicts of the container role, on the controller: container.engine (does the docker engine answer the
+community.docker modules) and container.gpus (does the training container get this node's GPUs, and how), as
+preflight records, from what the engine answered and what tasks/gpu_devices.yml found.
+
+Pure: values in, records out (the role's filters in roles/container/filter_plugins/container_filters.py hand them
+to roles/container/tasks/engine.yml), unit-tested in tests/unit/test_container_checks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ansible.module_utils.parsing.convert_bool import boolean
+
+_ENGINE_FIX_LIBS = ("Install the Python libraries of the docker modules on the node: apt-get install python3-docker "
+                    "python3-requests (container_engine_install: true does it)")
+_ENGINE_FIX_START = ("Start the engine on the node (systemctl enable --now docker; journalctl -u docker), or set "
+                     "container_engine_install: true to install it")
+_GPUS_FIX_RUNTIME = ("Install the NVIDIA container toolkit and register its runtime (container_engine_install: true "
+                     "with container_nvidia_toolkit_install: auto does it; by hand: apt-get install "
+                     "nvidia-container-toolkit && nvidia-ctk runtime configure --runtime=docker && systemctl restart "
+                     "docker), or set container_gpu_mode: devices")
+_GPUS_FIX_DEVICES = ("The driver is incomplete on {node}: ldconfig -p must list libcuda.so.1 and libnvidia-ml.so.1 of "
+                     "driver {version} and /dev/nvidia0 must exist (nvidia-smi; run ldconfig after installing the "
+                     "driver); or install the NVIDIA container toolkit and set container_gpu_mode: runtime")
+
+
+def truncate(text, length=300, end="...", leeway=5):
+    """Jinja's truncate filter (its defaults: whole words, leeway 5), for messages the tasks used to cut with it."""
+    text = str(text)
+    if len(text) <= length + leeway:
+        return text
+    return text[:length - len(end)].rsplit(" ", 1)[0] + end
+
+
+def _flag(value):
+    return boolean(value, strict=False) if value is not None else False
+
+
+def engine_record(ok, host_info=None, msg=""):
+    """container.engine: ok, whether community.docker's docker_host_info talked to the engine; host_info, its
+    host_info (ServerVersion, Driver, CgroupVersion); msg, its message when it did not (whitespace-normalised)."""
+    ok, info, msg = _flag(ok), host_info or {}, str(msg or "")
+    if ok:
+        detail = (f"docker {info.get('ServerVersion', '')} (storage {info.get('Driver', '')}, cgroup "
+                  f"v{info.get('CgroupVersion', '?')})")
+    else:
+        detail = "cannot talk to the docker engine: " + truncate(msg)
+    return {
+        "check": "container.engine",
+        "ok": ok,
+        "detail": detail,
+        "fix": _ENGINE_FIX_LIBS if ("requests" in msg or "import" in msg) else _ENGINE_FIX_START,
+        "data": {"drift": {"docker_version": info.get("ServerVersion")}},
+    }
+
+
+def _gpus_status(ctx, libs):
+    if not _flag(ctx.get("engine_ok")):
+        return "skip"
+    if ctx.get("container_gpus") == "none" or not _flag(ctx.get("gpus")):
+        return "pass"
+    mode = ctx.get("gpu_mode")
+    if mode == "runtime" and "nvidia" not in (ctx.get("runtimes") or []):
+        return "fail"
+    if mode == "devices" and (not ctx.get("devices") or libs.get("missing")):
+        return "fail"
+    return "pass"
+
+
+def _gpus_detail(ctx, libs):
+    mode, option = ctx.get("gpu_mode"), ctx.get("container_gpu_mode")
+    runtimes = list(ctx.get("runtimes") or [])
+    if not _flag(ctx.get("engine_ok")):
+        return "not checked: the engine does not answer"
+    if ctx.get("container_gpus") == "none":
+        return "GPUs not requested (container_gpus: none)"
+    if not _flag(ctx.get("gpus")):
+        return "no GPUs on this node (/dev/nvidiactl absent): the container runs on CPU"
+    if mode == "runtime" and "nvidia" in runtimes:
+        return "gpu mode runtime: all GPUs through the NVIDIA runtime"
+    if mode == "runtime":
+        return (f"gpu mode runtime (container_gpu_mode: {option}) but the engine has no NVIDIA runtime "
+                f"(runtimes: {', '.join(runtimes)})")
+    why = "auto: the engine has no NVIDIA runtime" if option == "auto" else "container_gpu_mode: devices"
+    nodes = " ".join(re.sub(r":.*$", "", str(d)) for d in ctx.get("devices") or [])
+    detail = (f"gpu mode devices ({why}): {nodes}; driver {ctx.get('driver_version', '')} libraries "
+              f"{' '.join(libs.get('libraries') or [])} mounted read-only at {ctx.get('driver_lib_dir', '')}")
+    if libs.get("missing"):
+        detail += "; missing " + ", ".join(libs["missing"])
+    if libs.get("stale"):
+        detail += "; left out (another driver version): " + ", ".join(libs["stale"])
+    return detail
+
+
+def gpus_record(ctx):
+    """container.gpus from ctx: node (inventory name), engine_ok, container_gpus and container_gpu_mode (the
+    options), gpus (whether the container gets GPUs), gpu_mode (runtime or devices, auto resolved), runtimes (the
+    engine's), and for gpu mode devices: devices (docker devices entries), driver_libs (container_driver_lib_mounts's
+    answer), driver_version (None: not read), driver_lib_dir."""
+    ctx = ctx or {}
+    libs = ctx.get("driver_libs") or {}
+    mode = ctx.get("gpu_mode") if _flag(ctx.get("gpus")) else "none"
+    if ctx.get("gpu_mode") == "runtime":
+        fix = _GPUS_FIX_RUNTIME
+    else:
+        version = ctx.get("driver_version")
+        fix = _GPUS_FIX_DEVICES.format(node=ctx.get("node"), version="?" if version is None else version)
+    return {
+        "check": "container.gpus",
+        "status": _gpus_status(ctx, libs),
+        "detail": _gpus_detail(ctx, libs),
+        "fix": fix,
+        "data": {"gpu_mode": mode, "devices": list(ctx.get("devices") or []),
+                 "driver_libraries": list(libs.get("libraries") or []), "drift": {"container_gpu_mode": mode}},
+    }
+
+
+def running_record(ctx):
+    """container.running from ctx: engine_ok, name (container_name), problems (container_config_problems's answer:
+    the running container against the wanted configuration), mounts (how many), user (container_user), caps
+    (container_caps_spec's list), no_new_privileges, ulimits (container_ulimits_spec's list), run_msg (the start
+    task's message, None when it has none), run_ran (whether the start task ran in this run), pending_on."""
+    ctx = ctx or {}
+    name, problems = ctx.get("name"), list(ctx.get("problems") or [])
+    run_msg = ctx.get("run_msg")
+    if not _flag(ctx.get("engine_ok")):
+        status, detail = "skip", "not checked: the engine does not answer"
+    elif not problems:
+        status = "pass"
+        detail = (f"{name}: running, host network/IPC/PID, {ctx.get('mounts', 0)} mounts, user "
+                  f"{ctx.get('user') or 'of the image'}, capabilities {' '.join(ctx.get('caps') or []) or 'none'}, "
+                  f"no-new-privileges {'on' if _flag(ctx.get('no_new_privileges')) else 'off'}")
+    else:
+        status, detail = "fail", f"{name}: " + "; ".join(problems)
+    if run_msg is not None:
+        detail += " (start failed: " + truncate(re.sub(r"\s+", " ", str(run_msg))) + ")"
+    if "rlimit" in (str(run_msg or "") + " ".join(problems)):
+        fix = (f"The engine may not raise these ulimits ({', '.join(ctx.get('ulimits') or [])}): run dockerd with "
+               "LimitMEMLOCK=infinity and LimitSTACK=infinity (docker.service), or lower container_ulimits")
+    elif _flag(ctx.get("run_ran")):
+        fix = (f"Fix the cause above and rerun site.yml; it recreates {name} when its configuration changed "
+               f"(docker logs {name} on the node)")
+    else:
+        fix = f"Run site.yml (container role) to create {name} with the wanted configuration"
+    rec = {"check": "container.running", "status": status, "detail": detail, "fix": fix}
+    if ctx.get("pending_on"):
+        rec["pending_on"] = ctx["pending_on"]
+    return rec
+
+
+def manifest_digest(stdout):
+    """The digest `docker manifest inspect -v` printed: one manifest, or a list per platform (then amd64's, the
+    platform the nodes run, else the first); '?' when there is none."""
+    try:
+        found = json.loads(stdout or "{}")
+    except ValueError:
+        found = {}
+    if isinstance(found, list):
+        amd64 = [m for m in found if isinstance(m, dict)
+                 and ((m.get("Descriptor") or {}).get("platform") or {}).get("architecture") == "amd64"]
+        found = (amd64 or found or [{}])[0]
+    descriptor = found.get("Descriptor") if isinstance(found, dict) else None
+    return (descriptor or {}).get("digest") or "?"
+
+
+def registry_reach_record(manifest, image, registry):
+    """container.registry_reach (check mode, where the run would pull) from the result of `docker manifest inspect
+    -v <image>` run on the node (rc, stdout, stderr; None: not run)."""
+    manifest = manifest or {}
+    ok = manifest.get("rc", 1) == 0
+    digest = manifest_digest(manifest.get("stdout")) if ok else None
+    if ok:
+        detail = f"{image} is in the registry, digest {digest}"
+    else:
+        why = truncate(re.sub(r"\s+", " ", str(manifest.get("stderr", "?"))))
+        detail = f"the run would pull {image} but this node cannot read it from the registry: {why}"
+    return {
+        "check": "container.registry_reach",
+        "ok": ok,
+        "detail": detail,
+        "fix": (f"Make the registry ({registry}) reachable from this node (address, port, firewall, TLS or the engine's "
+                "insecure-registries), check the image name and tag and the registry credentials "
+                "(container_registry_username, container_registry_password)"),
+        "data": {"registry_digest": digest},
+    }
