@@ -87,7 +87,10 @@ def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
         d = run / "nodes" / node
         log = (d / "torchrun.log").read_text()
         assert "trainyard: rendezvous done" in log
-        assert (d / "nccl.env").exists() is False  # the stand-in env file is test.env, not nccl.env
+        # job-ro/nccl.env is gathered when the node has one (an earlier site.yml on this cluster rendered it; this
+        # job's launch used the stand-in test.env), and only then.
+        on_node = job.exec(node, ["test", "-f", f"{STATE}/job-ro/nccl.env"], check=False).returncode == 0
+        assert (d / "nccl.env").exists() is on_node
         assert json.loads((d / "launch.json").read_text())["job"] == "train"
         assert json.loads((d / "launch.pid.json").read_text())["pid"] > 1  # the launcher's record, from job-rw
         assert (d / "nvidia-smi-q.xml").read_text().lstrip().startswith("<?xml")
