@@ -384,6 +384,7 @@ import uuid
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
 from ansible_collections.trainyard.core.plugins.module_utils import failfast as failfast_script
+from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import (
@@ -978,6 +979,17 @@ class Launch(object):
             except OSError:
                 if not os.path.isdir(d) or os.path.islink(d):
                     self.m.fail_json(msg="cannot create the directory %s" % d, **self.result)
+        # 0750 whoever made it first (the container role's mkdir -p of the mount sources below it makes it 0755):
+        # it holds launch.json with the launch token. Set on the directory's own descriptor, never through a link.
+        try:
+            parent = jt.open_root(os.path.dirname(self.dir))
+            try:
+                fd, _created = jt.mkdir(parent, os.path.basename(self.dir), 0o750, enforce_mode=True)
+                os.close(fd)
+            finally:
+                os.close(parent)
+        except OSError as e:
+            self.m.fail_json(msg="cannot make %s 0750: %s" % (self.dir, e), **self.result)
         log_dir = os.path.dirname(self.log)
         if log_dir and not os.path.isdir(log_dir):
             os.makedirs(log_dir, 0o755)

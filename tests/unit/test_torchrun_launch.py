@@ -57,6 +57,9 @@ def test_secret_env_file_reaches_the_job_and_no_result_log_or_state(tmp_path):
     secret = tmp_path / "secret.env"
     secret.write_text(f"HF_TOKEN={SECRET}\nWANDB_API_KEY={OTHER}\n")
     secret.chmod(0o600)
+    # The container role's mkdir -p of the mount sources made the host-only directory first, 0755.
+    (tmp_path / "state" / "secretjob" / "job-ro").mkdir(parents=True)
+    (tmp_path / "state" / "secretjob").chmod(0o755)
     try:
         p, res = playbook(tmp_path, secret_env_file=str(secret),
                           env={"OMP_NUM_THREADS": "1", "HUB_TOKEN": "hub-t0ken-in-env-never-printed"})
@@ -75,7 +78,7 @@ def test_secret_env_file_reaches_the_job_and_no_result_log_or_state(tmp_path):
         hub = "hub-t0ken-in-env-never-printed"
         assert hub not in p.stdout + json.dumps(res) + "".join(t for n, t in files.items() if n != "launch.spec.json")
         assert res["env"]["HUB_TOKEN"] == "********" and res["env"]["OMP_NUM_THREADS"] == "1"
-        # Modes: the state directory 0750, its control files 0640, the launch spec 0600.
+        # Modes: the state directory 0750 (whoever made it), its control files 0640, the launch spec 0600.
         assert stat.S_IMODE(job.stat().st_mode) == 0o750
         for name in ("launch.json", "launch.pid.json", "torchrun.log"):
             assert stat.S_IMODE(where[name].stat().st_mode) == 0o640, name
