@@ -207,6 +207,11 @@ def test_reset_restarts_or_recreates(converged, tmp_path):
     assert r.returncode == 0, r.stdout[-4000:]
     assert inspect(cluster, node)["Id"] != before["Id"]
     assert inspect(cluster, node)["State"]["Running"]
+    # A container that is gone (job_reset's read says exists false) is created again.
+    cluster.exec(node, ["docker", "rm", "-f", NAME])
+    r, _, _ = converge(cluster, tmp_path, entry="reset")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert inspect(cluster, node)["State"]["Running"]
 
 
 # ----------------------------------------------------------------------------------------------- faults

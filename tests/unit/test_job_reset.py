@@ -97,11 +97,11 @@ def alive(pid):
     return st[st.rfind(")") + 2] != "Z"
 
 
-def run_module(args: dict, check=False):
+def run_module(args: dict, check=False, env_extra: dict | None = None):
     argv = [str(BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "job_reset",
             "-a", json.dumps(args), "-o"] + (["--check"] if check else [])
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, **(env_extra or {}))
     r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     out = r.stdout
     assert " | " in out, out + r.stderr
@@ -270,15 +270,19 @@ def test_remove_state_stops_the_job_and_removes_its_launch_records_in_one_call(c
 
 def test_the_containers_state_and_the_probed_paths_come_back_from_the_same_call(tmp_path):
     """The container and janitor roles' resets need no read of their own: job_reset returns the container's state
-    (docker inspect, read-only; a missing container, or no docker on the node, is exists false) and whether each
-    probed path (the janitor's timer) exists."""
+    (docker inspect, read-only) and whether each probed path (the janitor's timer) exists. An engine that does not
+    answer is an error naming the container, never a guess of exists false (the container role then reads the state
+    itself). The engine here is one that cannot answer whatever runs on this machine: DOCKER_HOST names a socket
+    nobody listens on. A missing container on a live engine is the integration suite's reset test."""
     (tmp_path / "state").mkdir()
     name = "trainyard-no-such-" + uuid.uuid4().hex[:8]
     status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
                               "patterns": {str(tmp_path): ["torch_*"]}, "container": name,
-                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")]})
+                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")]},
+                             env_extra={"DOCKER_HOST": "unix://%s" % (tmp_path / "no-engine.sock")})
     assert status.endswith("SUCCESS") and res["changed"] is False, res
-    assert res["container"] == {"name": name, "exists": False, "running": False}, res
+    assert set(res["container"]) == {"name", "error"} and res["container"]["name"] == name, res
+    assert res["container"]["error"].startswith("docker inspect %s: rc " % name), res
     assert res["probed"] == {str(tmp_path / "state"): True, str(tmp_path / "no-timer"): False}, res
 
 
