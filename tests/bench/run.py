@@ -17,6 +17,8 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
             whether headless Chromium opens the page (tests/bench/health.py; raw output docs/benchmarks-health.json)
   reset     reset.yml after a crash on 3 default simulated nodes (a fresh launch, one rank killed -9, reset.yml timed),
             --repeats times: median and spread (tests/bench/reset.py; raw output docs/benchmarks-reset.json)
+  mitogen   Ansible's linear strategy against the opt-in mitogen_linear, side by side on 3 default simulated nodes:
+            converged site.yml and reset.yml after a crash (tests/bench/mitogen_strategy.py; raw docs/benchmarks-mitogen.json)
 Figures are never asserted: this is measurement, not a test.
 """
 
@@ -292,6 +294,14 @@ def main() -> int:
         results.setdefault("trees", {})["this tree"] = reset.bench_reset(args.repeats, os.environ.get("TY_SIM_NAME", "br"))
         reset.RAW.write_text(json.dumps(results, indent=1) + "\n")
         sections.append(reset.section(results))
+        print(sections[-1], flush=True)
+        write_doc(sections, keep_header)
+    if "mitogen" in only:
+        import mitogen_strategy as mitogen_bench
+        results = mitogen_bench.bench_mitogen(args.repeats, os.environ.get("TY_SIM_NAME", "bm"))
+        results["command"] = f".venv/bin/python tests/bench/run.py --only mitogen --repeats {args.repeats}"
+        mitogen_bench.RAW.write_text(json.dumps(results, indent=1) + "\n")
+        sections.append(mitogen_bench.section(results))
         print(sections[-1], flush=True)
         write_doc(sections, keep_header)
     if "scale" in only:
