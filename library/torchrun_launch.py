@@ -896,6 +896,7 @@ class Launch(object):
                 self.check_secrets_mount()
         fp_env = dict(extra_env, **dict((k, "<secret>") for k in secret_names))  # names, not values
         fp = tr.fingerprint(base, fp_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
+        fp_parts = tr.fingerprint_parts(fp_env, p["env_files"], p["chdir"], p["runtime"], p["container"])
 
         for other, st, procs in self.other_jobs():
             self.m.fail_json(msg="job %s (pid %s, started %s, %d processes) holds this node; %s"
@@ -916,12 +917,15 @@ class Launch(object):
                 if self.m.check_mode:
                     self.check_plan("blocked", "job %s runs with another command (fingerprint changed); %s"
                                     % (self.job, self.stop_hint(self.job)))
+                changes = tr.fingerprint_changes(state.get("fingerprint_parts"), fp_parts)
+                if state["command"] != base:
+                    changes.insert(0, "command")
                 self.m.fail_json(
-                    msg="job %s already runs on this node (pid %s) with a different command or environment:\n"
+                    msg="job %s already runs on this node (pid %s) with a different command or environment%s:\n"
                         "  running: %s\n  wanted:  %s\n%s" % (
-                            self.job, state["pid"], tr.shell_quote(state["command"]), tr.shell_quote(base),
-                            self.stop_hint(self.job)),
-                    running_command=state["command"], wanted_command=base, **self.result)
+                            self.job, state["pid"], " (changed: %s)" % "; ".join(changes) if changes else "",
+                            tr.shell_quote(state["command"]), tr.shell_quote(base), self.stop_hint(self.job)),
+                    running_command=state["command"], wanted_command=base, changes=changes, **self.result)
             prev = self.describe(state)
             if prev["state"] == "finished" and state.get("fingerprint") == fp and not p["rerun_finished"]:
                 self.result.update(prev, msg="job %s already finished with this command (rerun_finished=false)"
@@ -1030,7 +1034,7 @@ class Launch(object):
             exit_path, torchrun_pid=data.get("child_pid"))
         # What finds the job's processes (procgroup.find_job) and its ranks (procgroup.job_ranks) besides the above.
         new_state.update(cgroup, torchrun_start_ticks=data.get("child_start_ticks"),
-                         nproc_per_node=int(p["nproc_per_node"]))
+                         nproc_per_node=int(p["nproc_per_node"]), fingerprint_parts=fp_parts)
         tr.write_atomic(self.state_path, tr.dumps_state(new_state), 0o640)
         self.result.update(changed=True)
         self.result.update(self.describe(new_state, {"env": tr.redact_env(env)}))

@@ -68,7 +68,7 @@ def bench_mitogen(repeats: int, name: str) -> dict:
                 log(f"run {i + 1} {strategy}: converged {run['converged']['wall_s']} s ({run['converged']['cpu_s']} "
                     f"CPU-s), reset {run['reset']['wall_s']} s ({run['reset']['cpu_s']} CPU-s), load "
                     f"{run['converged']['load_1m']}")
-                launch(c, "--tags", "train_args,launch")
+                launch(c)
     finally:
         sim_down(name)
     return summarise(runs)

@@ -2,7 +2,7 @@
 """reset.yml after a crash on a 3-node simulated cluster (prints figures; asserts nothing).
 
 A default simulated cluster (every role on) runs site.yml with a long job; then, --repeats times: the job is
-(re)launched (`site.yml --tags train_args,launch`), one rank of the last node is killed with SIGKILL (a process carrying the
+(re)launched (`site.yml`, converged but for the launch), one rank of the last node is killed with SIGKILL (a process carrying the
 job's launch token whose parent carries it too: a child of the torchrun agent), and
 `ansible-playbook reset.yml -e reset_confirm=true` is timed from its start to its end. Each run's ten slowest tasks
 (the profile_tasks callback of ansible.cfg) are kept in the raw output.
@@ -120,7 +120,7 @@ def bench_reset(repeats: int, name: str, reuse: bool = False, settle_s: float = 
             launch(c)
         for i in range(repeats):
             if i or converged:
-                launch(c, "--tags", "train_args,launch")
+                launch(c)
             pid = crash(c)
             time.sleep(settle_s)
             before = load()

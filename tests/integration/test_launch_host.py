@@ -48,7 +48,7 @@ def env(tmp_path):
         torchrun: ["%s"]
         entrypoint: "%s"
         args: "{{ targs }}"
-        env: {GLOO_SOCKET_IFNAME: lo, OMP_NUM_THREADS: "1"}
+        env: "{{ jenv | default({'GLOO_SOCKET_IFNAME': 'lo', 'OMP_NUM_THREADS': '1'}) }}"
         first_launch_env: {NCCL_DEBUG: INFO, OMP_NUM_THREADS: "7"}
         chdir: "%s"
         resume_from: auto
@@ -65,7 +65,7 @@ def env(tmp_path):
     port = free_port()
     started = []
 
-    def run(*extra, steps=400, **kw):
+    def run(*extra, steps=2000, **kw):
         args = {"port": port, "targs": ["--steps", str(steps), "--save-every", "5", "--sleep", "0.1",
                                         "--output-root", str(tmp_path / "out{{ node_rank }}")]}
         args.update(kw)
@@ -110,6 +110,13 @@ def test_host_runtime_lifecycle(env):
     r, recap, res3 = run(steps=999)
     assert r.returncode != 0
     assert "already runs on this node" in r.stdout and "state: stopped" in r.stdout
+    assert "a different command or environment (changed: command):" in r.stdout, r.stdout[-3000:]
+    # Same command, another environment: refused, naming the variables (never their values).
+    r, recap, _ = run(jenv={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "2", "NCCL_SOCKET_IFNAME": "eth9"})
+    assert r.returncode != 0
+    assert ("(changed: environment set anew: NCCL_SOCKET_IFNAME; environment another value: OMP_NUM_THREADS)"
+            in r.stdout), r.stdout[-3000:]
+    assert "eth9" not in r.stdout.split("(changed:", 1)[1].split("running:", 1)[0]
 
     # Another job on a node held by this one: refused, naming the holder.
     r, recap, _ = run(job="otherjob")

@@ -263,12 +263,14 @@ def test_reset_playbook_after_a_crash_then_a_fresh_launch(cluster):
         r = reset(cluster)
         assert r.returncode == 0, r.stdout[-4000:]
         assert all(v["changed"] == 0 for h, v in parse_recap(r.stdout).items() if h in cluster.nodes), r.stdout[-3000:]
-        # A launch that skipped the job's argument list (role train_args) stops, naming the fix, and starts nothing.
-        r = cluster.playbook("site.yml", "--tags", "launch")
-        assert r.returncode != 0 and "`--tags train_args,launch`" in r.stdout, r.stdout[-4000:]
-        assert not any(exists(cluster, n, "/var/lib/trainyard/train/launch.json") for n in cluster.nodes)
-        # With it, a fresh launch succeeds.
-        r = cluster.playbook("site.yml", "--tags", "train_args,launch")
+        # A launch that skipped the render play (the job's nccl.env and arguments) stops, naming the fix, and starts
+        # nothing; tags that bring back only the arguments stop the same.
+        for tags in ("launch", "train_args,launch"):
+            r = cluster.playbook("site.yml", "--tags", tags)
+            assert r.returncode != 0 and "Run site.yml without --tags" in r.stdout, r.stdout[-4000:]
+            assert not any(exists(cluster, n, "/var/lib/trainyard/train/launch.json") for n in cluster.nodes)
+        # Without tags, a fresh launch succeeds.
+        r = cluster.playbook("site.yml")
         assert r.returncode == 0, r.stdout[-4000:]
     finally:
         cleanup_node(cluster, head, decoy)

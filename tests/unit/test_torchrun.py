@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -132,6 +133,26 @@ def test_fingerprint_ignores_resume_but_not_command_or_env():
     assert fp != tr.fingerprint(base + ["--x"], {"A": "1"}, ["/e"], "/c", "docker", "ctr")
     assert fp != tr.fingerprint(base, {"A": "2"}, ["/e"], "/c", "docker", "ctr")
     assert fp != tr.fingerprint(base, {"A": "1"}, ["/e"], "/c", "host", "")
+
+
+def test_a_refused_relaunch_names_what_changed_by_name_never_by_value():
+    running = tr.fingerprint_parts({"A": "1", "B": "x", "GONE": "1"}, ["/e/nccl.env"], "/c", "docker", "ctr")
+    wanted = tr.fingerprint_parts({"A": "1", "B": "secret-y", "NEW": "v"}, [], "/c", "docker", "ctr")
+    changes = tr.fingerprint_changes(running, wanted)
+    assert changes == ["environment set anew: NEW", "environment no longer set: GONE",
+                       "environment another value: B", 'env files ["/e/nccl.env"] -> []']
+    assert "secret-y" not in json.dumps(wanted) and "secret-y" not in " ".join(changes)
+    assert tr.fingerprint_changes(running, running) == []
+    # A record written before the parts were kept: nothing to compare, no guess.
+    assert tr.fingerprint_changes(None, wanted) == [] and tr.fingerprint_changes({"env": 5}, wanted) == []
+
+
+def test_the_record_keeps_the_parts_and_drops_a_torn_one():
+    state = _state()
+    state["fingerprint_parts"] = tr.fingerprint_parts({"A": "1"}, [], "", "host", "")
+    assert tr.parse_state(tr.dumps_state(state))["fingerprint_parts"]["env"].keys() == {"A"}
+    state["fingerprint_parts"] = "torn"
+    assert tr.parse_state(tr.dumps_state(state))["fingerprint_parts"] is None
 
 
 # --------------------------------------------------------------------------------------------- state file

@@ -248,6 +248,34 @@ def fingerprint(command, env, env_files, chdir, runtime, container):
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def fingerprint_parts(env, env_files, chdir, runtime, container):
+    """What the launch record keeps of the fingerprint's inputs, so that a refused relaunch can name what changed:
+    the extra environment by name with a digest of each value (never the value: a secret is already "<secret>"
+    here), the env files by path, the working directory, the runtime and the container."""
+    return {"env": dict((k, hashlib.sha256(str(v).encode("utf-8")).hexdigest()[:16])
+                        for k, v in sorted((env or {}).items())),
+            "env_files": list(env_files or []), "chdir": chdir or "", "runtime": runtime, "container": container or ""}
+
+
+def fingerprint_changes(running, wanted):
+    """What differs between two launches' fingerprint_parts, as short phrases (names and paths, never a value);
+    empty when the running launch's record has no parts (written by an earlier version) or only the command
+    differs (the caller shows both commands)."""
+    if not isinstance(running, dict) or not isinstance(running.get("env"), dict):
+        return []
+    out = []
+    old, new = running["env"], wanted["env"]
+    for label, names in (("set anew", sorted(set(new) - set(old))), ("no longer set", sorted(set(old) - set(new))),
+                         ("another value", sorted(k for k in set(old) & set(new) if old[k] != new[k]))):
+        if names:
+            out.append("environment %s: %s" % (label, ", ".join(str(n) for n in names)))
+    for key, label in (("env_files", "env files"), ("chdir", "working directory"), ("runtime", "runtime"),
+                       ("container", "container")):
+        if running.get(key) != wanted[key]:
+            out.append("%s %s -> %s" % (label, json.dumps(running.get(key)), json.dumps(wanted[key])))
+    return out
+
+
 # -------------------------------------------------------------------------------------------- state file
 
 def job_dir(state_root, job):
@@ -296,7 +324,7 @@ def make_state(job, runtime, container, pid, pgid, start_ticks, started_at, comm
             "command": list(command), "env_files": list(env_files), "log": log, "node_rank": int(node_rank),
             "master_port": int(master_port), "resume_from": resume_from or "", "sidecars": list(sidecars),
             "token": token, "fingerprint": fingerprint_, "exit_file": exit_file,
-            "torchrun_pid": int(torchrun_pid) if torchrun_pid else None}
+            "torchrun_pid": int(torchrun_pid) if torchrun_pid else None, "fingerprint_parts": None}
 
 
 _REQUIRED = {"job": str, "pid": int, "pgid": int, "start_ticks": int, "command": list, "log": str}
@@ -326,6 +354,8 @@ def parse_state(text):
     for key in ("token", "fingerprint", "exit_file", "resume_from"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError("field %r is not a string" % key)
+    if not isinstance(data.get("fingerprint_parts"), dict):
+        data["fingerprint_parts"] = None  # a record of an earlier version, or a torn one: nothing to compare
     data.setdefault("token", None)
     data.setdefault("fingerprint", None)
     data.setdefault("runtime", "host")
