@@ -97,6 +97,12 @@ service:
     the unit does not exist or systemd does not run the node.
   returned: when service
   type: dict
+machine_id:
+  description: The node's C(/etc/machine-id) (else C(/var/lib/dbus/machine-id)), None when neither is readable; with
+    the GPUs' UUIDs and serials it names the machine in the record of bad machines (docs/burn-in.md). Returned also
+    when nvidia-smi fails.
+  returned: always
+  type: str
 device_order:
   description: The value of C(CUDA_DEVICE_ORDER) in I(environment_file) (after the write), None when absent.
   returned: when environment_file
@@ -128,7 +134,7 @@ nvidia_gpu_facts:
       type: list
       elements: dict
       sample:
-        - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, pci_bus_id: "00000000:00:06.0",
+        - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, serial: "1654924120994", pci_bus_id: "00000000:00:06.0",
            pci_bus_id_normalized: "0000:00:06.0", name: NVIDIA H200, memory_total_mib: 143771,
            persistence_mode: Enabled, mig_mode: Disabled, mig_pending: Disabled, mig_devices: 0, minor_number: 0, module_id: "2",
            fabric: {state: Completed, status: Success, clique_id: "0", cluster_uuid: "..."},
@@ -190,6 +196,7 @@ from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
 PROC_VERSION = "/proc/driver/nvidia/version"
 PROC_NVSWITCH = "/proc/driver/nvidia-nvswitch/devices"
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
 
 class GpuFacts(object):
@@ -391,6 +398,19 @@ def service_state(module, unit):
     return "systemd", parse_unit_show(out) if rc == 0 else None
 
 
+def machine_id(paths=MACHINE_ID_FILES):
+    """The node's machine id (the first readable, non-empty file of `paths`), None when there is none."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                value = f.read(128).strip()
+        except (IOError, OSError):
+            continue
+        if value:
+            return value
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -407,7 +427,7 @@ def main():
         required_if=[("set_device_order", True, ["environment_file"])],
         supports_check_mode=True,
     )
-    extra = {"changed": False}
+    extra = {"changed": False, "machine_id": machine_id()}
     if module.params["environment_file"]:
         extra.update(device_order(module))
     if module.params["service"]:

@@ -10,11 +10,18 @@ without a play (tests/unit/test_gpu_checks.py).
 from __future__ import annotations
 
 from ansible_collections.trainyard.core.plugins.module_utils import gpu_health, nvidia_smi
+from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines
 
 
 def facts_of(result):
     """The nvidia_gpu_facts of one node's nvidia_gpu_facts result; None when nvidia-smi failed or the node has none."""
     return (result or {}).get("nvidia_gpu_facts") or None
+
+
+def identity_of(result):
+    """The machine identity (plugin_utils/bad_machines.py) of one node's nvidia_gpu_facts result: its GPUs' UUIDs
+    and serials and its machine id; None when the result says neither."""
+    return bad_machines.identity(facts_of(result), (result or {}).get("machine_id"))
 
 
 def gpu_sharers(host, facts_by_host):

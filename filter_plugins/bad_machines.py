@@ -1,0 +1,29 @@
+# -*- coding: utf-8 -*-
+"""Filters of the report play for the node failure policy (plugin_utils/bad_machines.py): the report with the
+nodes playbooks/exclude.yml left out, and its lines."""
+
+from __future__ import annotations
+
+from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines as bm
+
+
+def exclusion_lines(report):
+    """The exclusion as lines for the screen and report.md: the summary, each left-out node with its failing check,
+    the remembered machines, where the record is."""
+    ex = (report or {}).get("exclusion") or {}
+    if not ex:
+        return []
+    lines = [ex.get("summary") or ""]
+    lines += ["left out: %s (machine %s, %s): %s" % (e["host"], e.get("id") or "unknown", e["reason"],
+                                                     "; ".join(e.get("checks") or []))
+              for e in ex.get("excluded") or []]
+    lines += list(ex.get("warnings") or [])
+    if ex.get("record_path"):
+        lines.append("record of bad machines: %s (clear: -e cluster_clear_bad_machines=<id|node|all>)"
+                     % ex["record_path"])
+    return [line for line in lines if line]
+
+
+class FilterModule:
+    def filters(self):
+        return {"trainyard_report_exclusion": bm.report_view, "trainyard_report_exclusion_lines": exclusion_lines}
