@@ -17,7 +17,7 @@ def exclusion_lines(report):
     lines += ["left out: %s (machine %s, %s): %s" % (e["host"], e.get("id") or "unknown", e["reason"],
                                                      "; ".join(e.get("checks") or []))
               for e in ex.get("excluded") or []]
-    lines += list(ex.get("warnings") or [])
+    lines += list(ex.get("notes") or [])
     if ex.get("record_path"):
         lines.append("record of bad machines: %s (clear: -e cluster_clear_bad_machines=<id|node|all>)"
                      % ex["record_path"])

@@ -57,13 +57,13 @@ def test_next_run_skips_the_remembered_machine_under_exclude_and_warns_under_fai
     record = decide({"node2": ["nvidia_driver.ecc: remap pending"]})["record"]
     again = decide({}, record=record)
     assert [(e["host"], e["reason"]) for e in again["excluded"]] == [("node2", "remembered")]
-    assert again["kept"] == ["node1", "node3"] and "cluster_clear_bad_machines" in again["warnings"][0]
+    assert again["kept"] == ["node1", "node3"] and "cluster_clear_bad_machines" in again["notes"][0]
     # The same machine behind another name (a rented address reused): still remembered.
     moved = dict(IDS, node3=IDS["node2"], node2=IDS["node3"])
     assert [e["host"] for e in decide({}, record=record, ids=moved)["excluded"]] == ["node3"]
     warned = decide({}, record=record, policy="fail")
     assert warned["excluded"] == [] and warned["kept"] == HOSTS and warned["models"] == {}
-    assert "node2" in warned["warnings"][0] and "watch it" in warned["warnings"][0]
+    assert "node2" in warned["notes"][0] and "watch it" in warned["notes"][0]
 
 
 def test_policy_fail_still_records_the_machine():

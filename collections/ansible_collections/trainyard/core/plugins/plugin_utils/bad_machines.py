@@ -136,10 +136,10 @@ def decide(hosts_by_rank, failed, identities, record, policy="fail", min_nodes=1
         entry.update({k: ident[k] for k in ("machine_id", "gpu_uuids", "gpu_serials")})
         entry.update(last_host=h, last_failed=now, last_run=run_id, checks=failed[h][:8],
                      failures=int(entry.get("failures") or 0) + 1)
-    out = {"policy": policy, "remembered": remembered, "unknown": unknown, "warnings": [],
+    out = {"policy": policy, "remembered": remembered, "unknown": unknown, "notes": [],
            "record": {"schema": SCHEMA, "machines": machines}, "excluded": [], "kept": hosts, "models": {}}
     for r in remembered:
-        out["warnings"].append("%s is machine %s, which failed %s on %s (%s)%s" % (
+        out["notes"].append("%s is machine %s, which failed %s on %s (%s)%s" % (
             r["host"], r["id"], "; ".join(r["checks"][:2]) or "a check", r["last_failed"] or "an earlier run",
             "left out (cluster_node_failure_policy: exclude)" if policy == "exclude" else
             "it passes now; watch it", " until cleared: -e cluster_clear_bad_machines=%s" % r["id"]))
@@ -176,7 +176,7 @@ def report_view(report, exclusion):
     out = dict(report)
     left = {e["host"] for e in exclusion.get("excluded") or []}
     out["exclusion"] = {k: exclusion.get(k) for k in ("policy", "excluded", "remembered", "kept", "unknown", "summary",
-                                                      "warnings", "record_path")}
+                                                      "notes", "record_path")}
     out["excluded_failures"] = [r for r in report.get("failures") or [] if r.get("host") in left]
     out["failures"] = [r for r in report.get("failures") or [] if r.get("host") not in left]
     out["failed"] = bool(out["failures"])
