@@ -58,6 +58,12 @@ options:
     description: With I(health), epoch seconds; kernel log lines older than this are left out (0 reads this boot).
     type: float
     default: 0
+  gpudirect:
+    description: Also read what the quick burn-in tier's GPUDirect checks need (module_utils/gpudirect.py), returned as
+      C(gpudirect) also when nvidia-smi fails - C(nvidia-smi nvlink -e), the ports of /sys/class/infiniband,
+      /proc/modules, /proc/cmdline, the count of /sys/kernel/iommu_groups and C(lspci -vvv) where lspci is installed.
+    type: bool
+    default: false
   service:
     description: A systemd unit (without C(.service)) whose state is returned, e.g. nvidia-fabricmanager.
     type: str
@@ -87,6 +93,11 @@ health:
   description: With I(health), C({node, kernel, gpus, smi_error}) as module_utils/gpu_health.py health_records reads it
     (kernel C({source, skipped, events, text, truncated}); per GPU its ECC, row-remap and clocks event state).
   returned: when health
+  type: dict
+gpudirect:
+  description: With I(gpudirect), C({nvlink_errors, nvlink_error, ib_ports, modules, cmdline, iommu_groups, lspci}) as
+    module_utils/gpudirect.py read_node reads them.
+  returned: when gpudirect
   type: dict
 service_manager:
   description: With I(service), C(systemd) when systemd runs the node (/run/systemd/system), else PID 1's name.
@@ -173,6 +184,7 @@ import socket
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils.gpudirect import read_node
 from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
     parse_health_xml,
     parse_kernel_log,
@@ -232,6 +244,8 @@ class GpuFacts(object):
         if p["health"]:
             extra["health"] = {"node": self.host, "kernel": self.kernel_log(), "gpus": [], "smi_error": ""}
         smi = self.smi_path()
+        if p["gpudirect"]:
+            extra["gpudirect"] = read_node("/", self._run, smi, self.module.get_bin_path("lspci", opt_dirs=SEARCH_DIRS))
         if not smi:
             if p["health"]:
                 extra["health"]["smi_error"] = "nvidia-smi not found"
@@ -423,6 +437,7 @@ def main():
             environment_file=dict(type="path"),
             set_device_order=dict(type="bool", default=False),
             service=dict(type="str"),
+            gpudirect=dict(type="bool", default=False),
         ),
         required_if=[("set_device_order", True, ["environment_file"])],
         supports_check_mode=True,
