@@ -48,6 +48,25 @@ def test_pcie_link_fault_fails_naming_the_gpu(cluster, bad, tmp_path):
     assert [m["last_host"] for m in machines] == [bad]
 
 
+def test_quick_tier_gpudirect_checks_skip_on_the_cpu_sim_and_nvlink_errors_fail(cluster, tmp_path):
+    node = cluster.nodes[-1]
+    set_fault(cluster, node, "nvlink-errors=3@2")
+    try:
+        r = cluster.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}/runs/1")
+    finally:
+        clear_fault(cluster, node)
+    assert r.returncode != 0, r.stdout[-3000:]
+    recs = records(tmp_path / "runs/1")
+    assert {h for (h, _), rec in recs.items() if rec["status"] == "fail"} == {node}
+    rec = recs[(node, "nvidia_driver.nvlink_errors")]
+    assert rec["status"] == "fail" and f"{node} GPU 2 link 0: CRC Errors 3, Recovery Errors 3" in rec["detail"]
+    for n in cluster.nodes:
+        # No RDMA device, no lspci on the simulated nodes: skipped with the reason, never passed.
+        for check in ("ib_ports", "peermem", "iommu"):
+            assert recs[(n, "nvidia_driver." + check)]["status"] == "skip", recs[(n, "nvidia_driver." + check)]
+    assert recs[(cluster.nodes[0], "nvidia_driver.nvlink_errors")]["status"] == "pass"
+
+
 def test_exclude_leaves_the_node_out_and_the_next_run_remembers_it(cluster, bad, tmp_path):
     first = cluster.playbook(PLAYBOOK, "-e", "cluster_node_failure_policy=exclude",
                              "-e", f"cluster_run_dir={tmp_path}/runs/1")

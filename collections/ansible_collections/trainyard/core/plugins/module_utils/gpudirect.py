@@ -166,13 +166,12 @@ def iommu_record(host, cmdline, iommu_groups, lspci_text):
         return _rec("nvidia_driver.iommu", "fail", "; ".join(problems), fix, data)
     if translating:
         return _rec("nvidia_driver.iommu", "warn", "; ".join(problems), fix, data)
-    if lspci_text is None and iommu_groups is None:
-        return _rec("nvidia_driver.iommu", "skip", "neither lspci -vvv nor /sys/kernel/iommu_groups readable on %s"
-                    % host, data=data)
-    return _rec("nvidia_driver.iommu", "pass", "%s; %s" % (
-        "no PCIe device with ACS enabled" if lspci_text is not None else "lspci not installed (ACS not read)",
-        "IOMMU in passthrough (iommu=pt)" if passthrough and iommu_groups else "no IOMMU groups (IOMMU off)"
-        if not iommu_groups else "IOMMU off"), data=data)
+    iommu = ("IOMMU in passthrough (iommu=pt)" if passthrough and iommu_groups else
+             "no IOMMU groups (IOMMU off)" if iommu_groups == 0 else "/sys/kernel/iommu_groups not readable")
+    if lspci_text is None:  # the failing half (ACS) cannot be read: not a pass
+        return _rec("nvidia_driver.iommu", "skip", "ACS not read on %s (lspci -vvv not installed or failed); %s"
+                    % (host, iommu), data=data)
+    return _rec("nvidia_driver.iommu", "pass", "no PCIe device with ACS enabled; %s" % iommu, data=data)
 
 
 def records(host, read, has_gpu):

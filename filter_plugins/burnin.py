@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
-"""Filters of the report play for the node failure policy (plugin_utils/bad_machines.py): the report with the
-nodes playbooks/exclude.yml left out, and its lines."""
+"""Filters of the burn-in (docs/burn-in.md): the report with the nodes playbooks/exclude.yml left out and its lines
+(plugin_utils/bad_machines.py), and how long the chosen tier takes on the cluster (module_utils/burnin.py), which
+playbooks/plan.yml prints."""
 
 from __future__ import annotations
 
+from ansible_collections.trainyard.core.plugins.module_utils import burnin
 from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines as bm
 
 
@@ -26,4 +28,5 @@ def exclusion_lines(report):
 
 class FilterModule:
     def filters(self):
-        return {"trainyard_report_exclusion": bm.report_view, "trainyard_report_exclusion_lines": exclusion_lines}
+        return {"trainyard_report_exclusion": bm.report_view, "trainyard_report_exclusion_lines": exclusion_lines,
+                "trainyard_burnin_estimate": burnin.estimate}
