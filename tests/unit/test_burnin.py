@@ -7,8 +7,9 @@ import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import burnin
 
-# dcgmi diag -j's layout (DCGM 3.x, "DCGM GPU Diagnostic" with test categories; NVIDIA's DCGM user guide shows it),
-# one GPU failing the memory test.
+# A dcgmi diag -j result written after DCGM 3.x's layout ("DCGM GPU Diagnostic", test categories, tests with results
+# per GPU), NOT a capture (no DCGM output was at hand; docs/burn-in.md says so): the parser relies only on objects with
+# a name and a list of results carrying a status. One GPU fails the memory test.
 DCGM = {"DCGM GPU Diagnostic": {"test_categories": [
     {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}]},
     {"category": "Hardware", "tests": [{"name": "GPU Memory", "results": [
