@@ -98,6 +98,10 @@ summary:
   description: One line.
   returned: always
   type: str
+lines:
+  description: The summary, the remembered machines, what was cleared and the nodes that cannot be remembered.
+  returned: success
+  type: list
 """
 
 import datetime
@@ -165,4 +169,8 @@ class ActionModule(bases.ControllerAction):
                 return dict(failed=True, msg="cannot write %s (%s). Fix: make its directory writable" % (path, exc))
         if not out["excluded"]:
             out["models"] = {}
-        return dict(out, cleared=cleared, record_path=path, record_changed=changed, msg=out["summary"])
+        lines = [out["summary"]] + out["notes"] + (["Cleared from the record: " + ", ".join(cleared)] if cleared else [])
+        if out["unknown"]:
+            lines.append("Not remembered (no machine identity: the nvidia_driver role did not read the node): "
+                         + ", ".join(out["unknown"]))
+        return dict(out, cleared=cleared, record_path=path, record_changed=changed, msg=out["summary"], lines=lines)
