@@ -109,7 +109,8 @@ service:
   returned: when service
   type: dict
 machine_id:
-  description: The node's C(/etc/machine-id) (else C(/var/lib/dbus/machine-id)), None when neither is readable; with
+  description: A keyed hash (HMAC-SHA256, this application's key) of the node's C(/etc/machine-id) (else
+    C(/var/lib/dbus/machine-id)), never the id itself (machine-id(5)), None when neither is readable; with
     the GPUs' UUIDs and serials it names the machine in the record of bad machines (docs/burn-in.md). Returned also
     when nvidia-smi fails.
   returned: always
@@ -179,6 +180,8 @@ fix:
   type: str
 """
 
+import hashlib
+import hmac
 import os
 import socket
 import tempfile
@@ -413,7 +416,9 @@ def service_state(module, unit):
 
 
 def machine_id(paths=MACHINE_ID_FILES):
-    """The node's machine id (the first readable, non-empty file of `paths`), None when there is none."""
+    """An application-specific id of the node's machine id (the first readable, non-empty file of `paths`), None
+    when there is none. machine-id(5) asks that the id itself never leave the machine: it is hashed with a key of
+    this application (HMAC-SHA256, as systemd's sd_id128_get_machine_app_specific does), stable per machine."""
     for path in paths:
         try:
             with open(path) as f:
@@ -421,7 +426,7 @@ def machine_id(paths=MACHINE_ID_FILES):
         except (IOError, OSError):
             continue
         if value:
-            return value
+            return hmac.new(b"trainyard bad machines", value.encode(), hashlib.sha256).hexdigest()[:32]
     return None
 
 
