@@ -19,7 +19,9 @@ description:
     C(nvidia_driver_environment_file), C(nvidia_driver_health_checks), C(nvidia_driver_xid_since),
     C(cluster_gpus_per_node), C(cluster_nproc_per_node), C(cluster_model)); another node's
     C(nvidia_driver_visible_devices) only where that node lists one of this node's GPU UUIDs.
-  - Sets the fact C(nvidia_gpu_facts) (None when nvidia-smi failed) for the roles after it.
+  - Sets the fact C(nvidia_gpu_facts) (None when nvidia-smi failed) for the roles after it, and C(nvidia_gpu_identity)
+    (the machine's GPU UUIDs and serials and machine id, plugin_utils/bad_machines.py; None when unknown) for the
+    record of bad machines.
   - In check mode C(nvidia_driver.device_order) is C(pending) on I(result_task) when that task would write the device
     order.
 options:
@@ -55,7 +57,7 @@ preflight_records:
   returned: always
   type: list
 ansible_facts:
-  description: C(preflight_results) with the records, and C(nvidia_gpu_facts) of this node.
+  description: C(preflight_results) with the records, C(nvidia_gpu_facts) and C(nvidia_gpu_identity) of this node.
   returned: always
   type: dict
 """
@@ -125,4 +127,5 @@ class ActionModule(bases.ControllerAction):
                 rec["pending_on"] = {task: results[host] or {}}
         result = self.record(task_vars, *records)
         result["ansible_facts"]["nvidia_gpu_facts"] = gpu_checks.facts_of(results[host])
+        result["ansible_facts"]["nvidia_gpu_identity"] = gpu_checks.identity_of(results[host])
         return result

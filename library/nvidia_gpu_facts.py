@@ -58,6 +58,12 @@ options:
     description: With I(health), epoch seconds; kernel log lines older than this are left out (0 reads this boot).
     type: float
     default: 0
+  gpudirect:
+    description: Also read what the quick burn-in tier's GPUDirect checks need (module_utils/gpudirect.py), returned as
+      C(gpudirect) also when nvidia-smi fails - C(nvidia-smi nvlink -e), the ports of /sys/class/infiniband,
+      /proc/modules, /proc/cmdline, the count of /sys/kernel/iommu_groups and C(lspci -vvv) where lspci is installed.
+    type: bool
+    default: false
   service:
     description: A systemd unit (without C(.service)) whose state is returned, e.g. nvidia-fabricmanager.
     type: str
@@ -88,6 +94,11 @@ health:
     (kernel C({source, skipped, events, text, truncated}); per GPU its ECC, row-remap and clocks event state).
   returned: when health
   type: dict
+gpudirect:
+  description: With I(gpudirect), C({nvlink_errors, nvlink_error, ib_ports, modules, cmdline, iommu_groups, lspci}) as
+    module_utils/gpudirect.py read_node reads them.
+  returned: when gpudirect
+  type: dict
 service_manager:
   description: With I(service), C(systemd) when systemd runs the node (/run/systemd/system), else PID 1's name.
   returned: when service
@@ -97,6 +108,13 @@ service:
     the unit does not exist or systemd does not run the node.
   returned: when service
   type: dict
+machine_id:
+  description: A keyed hash (HMAC-SHA256, this application's key) of the node's C(/etc/machine-id) (else
+    C(/var/lib/dbus/machine-id)), never the id itself (machine-id(5)), None when neither is readable; with
+    the GPUs' UUIDs and serials it names the machine in the record of bad machines (docs/burn-in.md). Returned also
+    when nvidia-smi fails.
+  returned: always
+  type: str
 device_order:
   description: The value of C(CUDA_DEVICE_ORDER) in I(environment_file) (after the write), None when absent.
   returned: when environment_file
@@ -128,7 +146,7 @@ nvidia_gpu_facts:
       type: list
       elements: dict
       sample:
-        - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, pci_bus_id: "00000000:00:06.0",
+        - {index: 0, uuid: GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98, serial: "1654924120994", pci_bus_id: "00000000:00:06.0",
            pci_bus_id_normalized: "0000:00:06.0", name: NVIDIA H200, memory_total_mib: 143771,
            persistence_mode: Enabled, mig_mode: Disabled, mig_pending: Disabled, mig_devices: 0, minor_number: 0, module_id: "2",
            fabric: {state: Completed, status: Success, clique_id: "0", cluster_uuid: "..."},
@@ -162,11 +180,14 @@ fix:
   type: str
 """
 
+import hashlib
+import hmac
 import os
 import socket
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils.gpudirect import read_node
 from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
     parse_health_xml,
     parse_kernel_log,
@@ -190,6 +211,7 @@ from ansible_collections.trainyard.core.plugins.module_utils.nvidia_smi import (
 SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/sbin"]
 PROC_VERSION = "/proc/driver/nvidia/version"
 PROC_NVSWITCH = "/proc/driver/nvidia-nvswitch/devices"
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
 
 class GpuFacts(object):
@@ -225,6 +247,8 @@ class GpuFacts(object):
         if p["health"]:
             extra["health"] = {"node": self.host, "kernel": self.kernel_log(), "gpus": [], "smi_error": ""}
         smi = self.smi_path()
+        if p["gpudirect"]:
+            extra["gpudirect"] = read_node("/", self._run, smi, self.module.get_bin_path("lspci", opt_dirs=SEARCH_DIRS))
         if not smi:
             if p["health"]:
                 extra["health"]["smi_error"] = "nvidia-smi not found"
@@ -391,6 +415,21 @@ def service_state(module, unit):
     return "systemd", parse_unit_show(out) if rc == 0 else None
 
 
+def machine_id(paths=MACHINE_ID_FILES):
+    """An application-specific id of the node's machine id (the first readable, non-empty file of `paths`), None
+    when there is none. machine-id(5) asks that the id itself never leave the machine: it is hashed with a key of
+    this application (HMAC-SHA256, as systemd's sd_id128_get_machine_app_specific does), stable per machine."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                value = f.read(128).strip()
+        except (IOError, OSError):
+            continue
+        if value:
+            return hmac.new(b"trainyard bad machines", value.encode(), hashlib.sha256).hexdigest()[:32]
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -403,11 +442,12 @@ def main():
             environment_file=dict(type="path"),
             set_device_order=dict(type="bool", default=False),
             service=dict(type="str"),
+            gpudirect=dict(type="bool", default=False),
         ),
         required_if=[("set_device_order", True, ["environment_file"])],
         supports_check_mode=True,
     )
-    extra = {"changed": False}
+    extra = {"changed": False, "machine_id": machine_id()}
     if module.params["environment_file"]:
         extra.update(device_order(module))
     if module.params["service"]:

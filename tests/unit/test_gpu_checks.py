@@ -35,7 +35,7 @@ def test_healthy_node_passes_every_driver_and_health_check():
     assert {k: r["status"] for k, r in recs.items()} == dict.fromkeys(recs, "pass")
     assert set(recs) == {"nvidia_driver." + n for n in ("smi", "version", "drift", "gpu_count", "pci_unique",
                                                          "uuid_unique", "gpu_map", "mig", "device_order", "xid",
-                                                         "ecc", "throttle")}
+                                                         "ecc", "throttle", "pcie_link")}
     assert recs["nvidia_driver.drift"]["detail"] == "driver 580.159.04 on all 3 node(s)"
     assert recs["nvidia_driver.device_order"]["detail"] == "CUDA_DEVICE_ORDER=PCI_BUS_ID in /etc/environment"
 

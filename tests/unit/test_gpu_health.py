@@ -139,7 +139,7 @@ def test_not_xml_is_an_error():
 
 def test_health_records_skip_without_nvidia_smi():
     recs = gh.health_records("n", {"kernel": {"events": []}, "smi_error": "nvidia-smi not found"})
-    assert [r["status"] for r in recs] == ["pass", "skip", "skip"]
+    assert [r["status"] for r in recs] == ["pass", "skip", "skip", "skip"]
 
 
 def test_ranks_on_gpu_with_visible_devices():
@@ -164,3 +164,47 @@ def test_read_kernel_log_falls_back_and_skips_with_reason():
         return 0, "a\n" * 10, ""
     r = gh.read_kernel_log(run2, None, "dmesg", max_bytes=5)
     assert r["truncated"] and r["source"] == "dmesg" and len(r["text"]) <= 5
+
+
+# nvidia_driver.pcie_link: the real capture (Gen5 x16 on every GPU, idle) and the stand-in's pcie= edits of it.
+def test_pcie_link_of_the_real_capture_passes(standin):
+    gpus = gh.parse_health_xml(standin("nvidia-smi", "-q", "-x"))
+    assert gpus[0]["pcie"] == {"gen_max": 5, "gen_current": 5, "width_max": 16, "width_current": 16}
+    assert gpus[0]["idle"] is True
+    rec = gh.pcie_link_record("node1", gpus)
+    assert rec["status"] == "pass" and "4 GPU(s)" in rec["detail"] and "Gen5 x16" in rec["detail"]
+
+
+def test_pcie_width_below_max_fails_naming_gpu_rank_and_fix(standin):
+    gpus = gh.parse_health_xml(standin("nvidia-smi", "-q", "-x", faults=["pcie=x8@1"]))
+    rec = gh.pcie_link_record("node2", gpus, {"node_rank": 1, "nproc_per_node": 4})
+    assert rec["status"] == "fail"
+    assert "node2 (node rank 1) GPU 1" in rec["detail"] and "rank 5 (local rank 1)" in rec["detail"]
+    assert "PCIe Gen5 x8 (max Gen5 x16)" in rec["detail"] and "width" in rec["detail"]
+    assert "reseat" in rec["fix"] and "node2" in rec["fix"]
+
+
+def test_pcie_gen_below_max_is_a_warning_when_idle_and_a_failure_under_load(standin):
+    idle = gh.parse_health_xml(standin("nvidia-smi", "-q", "-x", faults=["pcie=gen1@2"]))
+    rec = gh.pcie_link_record("node3", idle)
+    assert rec["status"] == "warn" and "GPU 2" in rec["detail"] and "idle" in rec["detail"]
+    assert "under load" in rec["fix"] or "busy" in rec["fix"]
+    # The stand-in's throttle= fault clears gpu_idle (the GPU is working): the same low generation is a fault.
+    busy = gh.parse_health_xml(standin("nvidia-smi", "-q", "-x",
+                                       faults=["pcie=gen1@2", "throttle=sw_thermal_slowdown@2"]))
+    assert busy[2]["idle"] is False
+    assert gh.pcie_link_record("node3", busy)["status"] == "fail"
+    # Width and generation both low on an idle GPU: the width decides, a failure.
+    both = gh.parse_health_xml(standin("nvidia-smi", "-q", "-x", faults=["pcie=gen1@0,x4@0"]))
+    assert gh.pcie_link_record("node3", both)["status"] == "fail"
+
+
+def test_pcie_link_skips_without_link_information():
+    xml = ("<nvidia_smi_log><gpu id=\"00000000:3B:00.0\"><pci><pci_gpu_link_info><pcie_gen><max_link_gen>N/A"
+           "</max_link_gen><current_link_gen>N/A</current_link_gen></pcie_gen></pci_gpu_link_info></pci></gpu>"
+           "</nvidia_smi_log>")
+    rec = gh.pcie_link_record("vm1", gh.parse_health_xml(xml))
+    assert rec["status"] == "skip" and "no PCIe link information" in rec["detail"]
+    assert gh.pcie_link_record("cpu1", [])["status"] == "skip"
+    skipped = gh.health_records("cpu1", {"kernel": {"skipped": "no log"}, "gpus": [], "smi_error": "not found"})
+    assert [r["status"] for r in skipped if r["check"] == "nvidia_driver.pcie_link"] == ["skip"]

@@ -98,3 +98,15 @@ def test_health_and_device_order_come_back_when_nvidia_smi_fails(tmp_path):
     res = run_module(tmp_path, f"environment_file={env} set_device_order=true health=true", faults=["error"])
     assert res["failed"] and "exit 9" in res["health"]["smi_error"] and res["health"]["gpus"] == []
     assert res["device_order"] == "PCI_BUS_ID" and env.read_text() == "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"
+
+
+def test_identity_and_gpudirect_read_come_back_also_when_nvidia_smi_fails(tmp_path):
+    ok = run_module(tmp_path, "gpudirect=true", faults=["nvlink-errors=2@3"])
+    assert [g["serial"] for g in ok["nvidia_gpu_facts"]["gpus"]][0] == "1654924120994"
+    assert ok["gpudirect"]["nvlink_errors"]["3"]["0"]["Recovery Errors"] == 2
+    raw = next((open(p).read().strip() for p in ("/etc/machine-id", "/var/lib/dbus/machine-id")
+                if os.path.exists(p) and open(p).read().strip()), None)
+    if raw:  # machine-id(5): the id itself never leaves the machine, a keyed hash of it does
+        assert ok["machine_id"] and len(ok["machine_id"]) == 32 and raw not in json.dumps(ok)
+    failed = run_module(tmp_path, "gpudirect=true", faults=["error"])
+    assert failed["failed"] and "machine_id" in failed and "ib_ports" in failed["gpudirect"]

@@ -312,6 +312,11 @@ def parse_health_xml(text):
             "mem_used_mib": _n(g, "fb_memory_usage/used"),
             "mem_total_mib": _n(g, "fb_memory_usage/total"),
             "power_w": _n(g, "gpu_power_readings/power_draw") or _n(g, "power_readings/power_draw"),
+            "pcie": {"gen_max": _int(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
+                     "gen_current": _int(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
+                     "width_max": _int(g, "pci/pci_gpu_link_info/link_widths/max_link_width"),
+                     "width_current": _int(g, "pci/pci_gpu_link_info/link_widths/current_link_width")},
+            "idle": "gpu_idle" in active,
         })
     return out
 
@@ -482,8 +487,59 @@ def throttle_record(host, gpus, opts=None):
                 % len(gpus), data=data)
 
 
+# nvidia-smi(1), "PCIe Generation ... Current: The current PCI-E link generation. These may be reduced when the GPU
+# is not in use": an idle GPU lowers its link generation to save power (ASPM / dynamic link speed), never its width.
+_PCIE_IDLE = ("the GPU is idle (clocks event reason gpu_idle) and lowers its PCIe link generation to save power "
+              "(nvidia-smi(1): the current generation 'may be reduced when the GPU is not in use')")
+
+
+def _pcie_fix(host):
+    return ("%s: reseat the GPU or its riser, check the slot's BIOS setting (PCIe speed Auto/Gen5, no bifurcation "
+            "below x16) and dmesg | grep -i AER for link errors; a link that trains below its width halves (or "
+            "worse) the host-to-GPU and GPUDirect bandwidth: if it stays, replace the node" % host)
+
+
+def pcie_link_record(host, gpus, opts=None):
+    """The nvidia_driver.pcie_link record: each GPU's PCIe link generation and width against its maximum
+    (nvidia-smi -q -x <pci><pci_gpu_link_info>).
+
+    Width below the maximum: fail (a lane problem: seating, riser, bifurcation). Generation below the maximum: warn
+    when the GPU is idle (it lowers the generation to save power; rerun under load to be sure), fail under load.
+    skip where nvidia-smi reports no link information (no GPU, a virtual GPU)."""
+    node_rank, nproc, visible = _ctx(opts)
+    known = [g for g in gpus or [] if (g.get("pcie") or {}).get("gen_max") and (g.get("pcie") or {}).get("width_max")]
+    if not known:
+        return _rec("nvidia_driver.pcie_link", "skip", "nvidia-smi -q -x reports no PCIe link information on %s (%s)"
+                    % (host, "no GPU" if not gpus else "N/A: a virtual GPU or a driver that does not report it"))
+    fails, warns = [], []
+    for g in known:
+        p = g["pcie"]
+        rank, local = ranks_on_gpu(g["index"], node_rank, nproc, visible)
+        where = _where(host, node_rank, g, rank, local)
+        link = "PCIe Gen%s x%s (max Gen%s x%s)" % (p.get("gen_current"), p.get("width_current"), p["gen_max"],
+                                                   p["width_max"])
+        narrow = p.get("width_current") is not None and p["width_current"] < p["width_max"]
+        slow = p.get("gen_current") is not None and p["gen_current"] < p["gen_max"]
+        if narrow:
+            fails.append("%s: %s: link width below its maximum" % (where, link))
+        elif slow and not g.get("idle"):
+            fails.append("%s: %s: link generation below its maximum while the GPU is not idle" % (where, link))
+        elif slow:
+            warns.append("%s: %s: %s" % (where, link, _PCIE_IDLE))
+    data = {"gpus": [dict(g["pcie"], index=g["index"], idle=bool(g.get("idle"))) for g in known]}
+    if fails:
+        return _rec("nvidia_driver.pcie_link", "fail", "; ".join(fails + warns), _pcie_fix(host), data)
+    if warns:
+        return _rec("nvidia_driver.pcie_link", "warn", "; ".join(warns),
+                    "%s: rerun the check while the GPUs are busy (e.g. during the NCCL check); a generation still "
+                    "below the maximum under load is a fault: %s" % (host, _pcie_fix(host)), data)
+    gens = sorted(set("Gen%s x%s" % (g["pcie"]["gen_max"], g["pcie"]["width_max"]) for g in known))
+    return _rec("nvidia_driver.pcie_link", "pass", "%d GPU(s): PCIe link at its maximum (%s)"
+                % (len(known), ", ".join(gens)), data=data)
+
+
 def health_records(host, result, opts=None):
-    """The three records from the health of one node ({kernel, gpus, smi_error}: nvidia_gpu_facts with health)."""
+    """The four records from the health of one node ({kernel, gpus, smi_error}: nvidia_gpu_facts with health)."""
     result = result or {}
     gpus = result.get("gpus") or []
     recs = [xid_record(host, result.get("kernel") or {}, gpus, opts)]
@@ -491,9 +547,11 @@ def health_records(host, result, opts=None):
         why = "nvidia-smi -q -x failed on %s: %s" % (host, result["smi_error"])
         recs.append(_rec("nvidia_driver.ecc", "skip", why))
         recs.append(_rec("nvidia_driver.throttle", "skip", why))
+        recs.append(_rec("nvidia_driver.pcie_link", "skip", why))
     else:
         recs.append(ecc_record(host, gpus, opts))
         recs.append(throttle_record(host, gpus, opts))
+        recs.append(pcie_link_record(host, gpus, opts))
     return recs
 
 

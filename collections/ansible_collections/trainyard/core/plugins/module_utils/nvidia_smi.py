@@ -134,6 +134,7 @@ def parse_query_xml(text):
             "pci_bus_id": bus,
             "pci_bus_id_normalized": normalize_pci(bus),
             "name": _text(g, "product_name", ""),
+            "serial": _text(g, "serial"),
             "memory_total_mib": _mib(_text(g, "fb_memory_usage/total")),
             "persistence_mode": _text(g, "persistence_mode"),
             "mig_mode": _text(g, "mig_mode/current_mig"),

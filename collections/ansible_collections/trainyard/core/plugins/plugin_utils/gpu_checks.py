@@ -9,12 +9,19 @@ without a play (tests/unit/test_gpu_checks.py).
 
 from __future__ import annotations
 
-from ansible_collections.trainyard.core.plugins.module_utils import gpu_health, nvidia_smi
+from ansible_collections.trainyard.core.plugins.module_utils import gpu_health, gpudirect, nvidia_smi
+from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines
 
 
 def facts_of(result):
     """The nvidia_gpu_facts of one node's nvidia_gpu_facts result; None when nvidia-smi failed or the node has none."""
     return (result or {}).get("nvidia_gpu_facts") or None
+
+
+def identity_of(result):
+    """The machine identity (plugin_utils/bad_machines.py) of one node's nvidia_gpu_facts result: its GPUs' UUIDs
+    and serials and its machine id; None when the result says neither."""
+    return bad_machines.identity(facts_of(result), (result or {}).get("machine_id"))
 
 
 def gpu_sharers(host, facts_by_host):
@@ -28,7 +35,7 @@ def gpu_sharers(host, facts_by_host):
 
 def driver_records(host, results, opts, visible_of=None, health=None):
     """Every nvidia_driver check of `host` (nvidia_smi.driver_records, then the health records when `health` is
-    given).
+    given, then the quick burn-in tier's GPUDirect records when the result has the gpudirect read).
 
     results: {host: its nvidia_gpu_facts result (registered) or None} for every play host, this one included;
     opts: nvidia_smi.driver_records's options less error, device_order and visible_by_host, which come from this
@@ -45,6 +52,8 @@ def driver_records(host, results, opts, visible_of=None, health=None):
         visible_by_host=visible_by_host))
     if health is not None:
         recs += gpu_health.health_records(host, mine.get("health"), health)
+    if "gpudirect" in mine:
+        recs += gpudirect.records(host, mine["gpudirect"], bool((facts_by_host.get(host) or {}).get("gpus")))
     return recs
 
 

@@ -1,0 +1,77 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""The standard and long burn-in tiers on one node: DCGM's diagnostics (module_utils/burnin.py decides)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: gpu_burnin
+short_description: Run the burn-in tier's GPU diagnostics on a node and return its nvidia_driver.burnin record
+description:
+  - Tier C(quick) runs nothing (the preflight's quick checks are the tier).
+  - Tiers C(standard) and C(long) run C(dcgmi diag -r 2 -j) or C(-r 3 -j) (about 2 and 15 minutes, NVIDIA's dcgmi
+    reference) where C(dcgmi) is installed and the node has a GPU device (C(/dev/nvidia0)); the record fails naming
+    each failing test and GPU. Without a GPU device or without dcgmi the record is C(skip) with the reason.
+  - In check mode nothing runs (the record is C(skip)); the module never changes the node.
+options:
+  tier:
+    description: The burn-in tier (cluster_burnin_tier).
+    type: str
+    choices: [quick, standard, long]
+    default: quick
+  timeout:
+    description: Seconds dcgmi may run before it is stopped (0 waits forever).
+    type: int
+    default: 3600
+extends_documentation_fragment: [trainyard.core.attributes]
+author: trainyard
+"""
+
+EXAMPLES = r"""
+- name: Run the burn-in tier's diagnostics
+  gpu_burnin:
+    tier: standard
+  register: __nvidia_driver_burnin
+"""
+
+RETURN = r"""
+record:
+  description: The nvidia_driver.burnin record ({check, status, detail, fix, data}).
+  returned: always
+  type: dict
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils.burnin import burnin_record, dcgm_argv
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(tier=dict(type="str", choices=["quick", "standard", "long"],
+                                                        default="quick"),
+                                              timeout=dict(type="int", default=3600)),
+                           supports_check_mode=True)
+    tier, host = module.params["tier"], socket.gethostname()
+    has_gpu = os.path.exists("/dev/nvidia0")
+    dcgmi = module.get_bin_path("dcgmi", opt_dirs=["/usr/bin", "/usr/local/bin"])
+    if tier != "quick" and module.check_mode:
+        module.exit_json(changed=False, record={"check": "nvidia_driver.burnin", "status": "skip", "fix": "",
+                                                "detail": "burn-in tier %s: not run in check mode" % tier, "data": {}})
+    rc, out = None, ""
+    if tier != "quick" and has_gpu and dcgmi:
+        argv = dcgm_argv(dcgmi, tier)
+        timeout = module.get_bin_path("timeout") if module.params["timeout"] > 0 else None
+        if timeout:
+            argv = [timeout, "-k", "10", str(module.params["timeout"])] + argv
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        out = out or err
+    module.exit_json(changed=False, record=burnin_record(host, tier, has_gpu, dcgmi, rc, out))
+
+
+if __name__ == "__main__":
+    main()
