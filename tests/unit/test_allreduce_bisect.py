@@ -111,3 +111,16 @@ def test_a_cluster_that_is_fine_between_pairs_says_so():
     nodes, measure, _ = cluster(3)
     out = ab.run(nodes, measure, slow)
     assert out["findings"] == [] or all(f["kind"] == "none" for f in out["findings"])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 16])
+def test_every_single_and_double_fault_ends_within_the_rounds_the_role_allows(n):
+    cases = ([{"slow_nodes": {f"node{i}"}} for i in range(1, n + 1)]
+             + [{"slow_links": [(f"node{a}", f"node{b}")]} for a, b in itertools.combinations(range(1, n + 1), 2)]
+             + [{"slow_nodes": {f"node{a}", f"node{b}"}} for a, b in itertools.combinations(range(1, n + 1), 2)]
+             + [{"slow_nodes": {f"node{i}" for i in range(1, n + 1)}}])
+    for case in cases:
+        nodes, measure, calls = cluster(n, **case)
+        out = ab.run(nodes, measure, slow)
+        assert out["rounds"] <= ab.max_rounds(n), (case, out["rounds"])
+        assert sum(map(len, calls)) <= bound(n) * 2, (case, calls)

@@ -121,15 +121,17 @@ class _Search:
         # No node known fine yet (three nodes: the lone half is never measured alone): a third node serves, and
         # counts as fine when one of its two pairs is.
         unproven = not refs
-        refs = refs or [h for h in self.nodes if h not in (x, y)][:1]
+        refs = refs or [h for h in self.nodes if h not in (x, y)]
         if not refs:
             self.findings.append({"kind": "pair", "nodes": [x, y], "busbw_gbps": {key([x, y]): pair_v},
                                   "text": f"the pair {x}-{y} is slow ({_fmt(pair_v)}); no other node measured fine "
                                           "to tell which end"})
             return
         # A reference already measured with an end keeps the replay stable as references are learnt.
-        rx = next((r for r in refs if self.value([x, r])[0]), refs[0])
-        ry = next((r for r in refs if self.value([y, r])[0]), refs[1] if len(refs) > 1 else refs[0])
+        # Pairs spread over the references (by the end's place in the cluster) so that rounds run side by side.
+        at = self.nodes.index(x) if x in self.nodes else 0
+        rx = next((r for r in refs if self.value([x, r])[0]), refs[at % len(refs)])
+        ry = next((r for r in refs if self.value([y, r])[0]), refs[(at + 1) % len(refs)])
         missing = [g for g in ([x, rx], [y, ry]) if not self.value(g)[0]]
         if missing:
             raise _Need([self.order(g) for g in missing])
@@ -206,4 +208,37 @@ def max_rounds(n: int) -> int:
 
     if n < 2:
         return 0
-    return 2 * n + 3 * math.ceil(math.log2(n)) + 4
+    # Measured over every one-node, one-link, two-node and all-node fault up to 16 nodes
+    # (tests/unit/test_allreduce_bisect.py): 9 rounds at most, against 16 here.
+    return 3 * math.ceil(math.log2(n)) + 4
+
+
+# ------------------------------------------------------------------------------------------------ the role's loop
+def start(nodes, threshold_gbps, reason: str = "") -> dict:
+    """The bisection's state before its first round (roles/nccl_check/tasks/bisect.yml): {nodes, threshold_gbps,
+    history, rounds, done, groups, findings, reason}. ``reason`` non-empty: no bisection (why), done at once."""
+    nodes = list(nodes or [])
+    state = {"nodes": nodes, "threshold_gbps": float(threshold_gbps or 0), "history": {}, "rounds": 0,
+             "done": True, "groups": [], "findings": [], "reason": reason}
+    if not reason and len(nodes) < 2:
+        state["reason"] = "one node: no link to locate"
+    if not state["reason"] and state["threshold_gbps"] <= 0:
+        state["reason"] = "no expectation and no floor: nothing tells slow from fine"
+    return state if state["reason"] else advance(state, {})
+
+
+def advance(state: dict, measured: dict) -> dict:
+    """The state after a round: ``measured`` {"a,b": busbw or None} of the round's groups."""
+    history = dict(state.get("history") or {}, **(measured or {}))
+    limit = float(state["threshold_gbps"])
+    out = step(state["nodes"], history, lambda v: float(v) < limit)
+    return dict(state, history=history, rounds=int(state.get("rounds", 0)) + (1 if measured else 0),
+                done=out["done"], groups=out["groups"], findings=out["findings"])
+
+
+def group_of(groups, host) -> dict:
+    """This host's place in the round: {index (the group's, for its port), members, rank}; {} when it sits out."""
+    for i, g in enumerate(groups or []):
+        if host in g:
+            return {"index": i, "members": list(g), "rank": list(g).index(host)}
+    return {}
