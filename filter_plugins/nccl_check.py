@@ -1,5 +1,5 @@
-"""Filters of the nccl_check role: the benchmark's result line, the expected bandwidth (plugin_utils/bandwidth_expect.py),
-the bisection's rounds (plugin_utils/allreduce_bisect.py) and the role's records (plugin_utils/allreduce_checks.py)."""
+"""Filters of the nccl_check role: the benchmark's result line, the expected bandwidth
+(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py) and the role's records (plugin_utils/allreduce_checks.py)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def named(out):
 
 
 def bound(n):
-    """Node slots measured at most: n log2 n (the O(n log n) pairs of the issue), plus the three pairs that attribute."""
+    """Node slots measured at most: n log2 n (the O(n log n) pairs of the issue), plus the pairs that attribute."""
     return n * max(1, math.ceil(math.log2(n))) + 6
 
 

@@ -21,7 +21,8 @@ def test_the_filters_are_these_functions():
 def test_inter_pass_and_below_the_floor():
     rec = ac.inter_node_record(GOOD, 2, 10, 0, "/var/lib/trainyard/job/nccl.env", 29600)
     assert (rec["check"], rec["status"]) == ("nccl_check.inter_node", "pass")
-    assert rec["detail"] == "busbw 12.5 GB/s; no expectation for this hardware, floor 10 GB/s (nccl, 16 ranks on 2 nodes)"
+    assert rec["detail"] == ("busbw 12.5 GB/s; no expectation for this hardware, floor 10 GB/s "
+                             "(nccl, 16 ranks on 2 nodes)")
     assert rec["data"] == {"busbw_gbps": 12.5, "algbw_gbps": 6.25, "floor_gbps": 10, "expected_gbps": None,
                            "expected_for": None, "expected_source": None, "sizes": [],
                            "drift": {"nccl_inter_busbw_gbps": 12.5}}
