@@ -134,3 +134,10 @@ def test_the_cluster_expectation_comes_from_every_nodes_nic():
     assert set(e["per_host"]) == {"n1", "n2"}
     none = flt.expect_inter({"n1": {"skipped": True}}, "tcp")
     assert none["gbps"] is None and "reports no link speed" in none["reason"]
+
+
+def test_a_gloo_run_is_not_held_to_the_gpu_table():
+    rec = ac.intra_node_record(dict(SWEEP, busbw_gbps=0.8, backend="gloo"), 0.05, 0, H200)
+    assert rec["status"] == "pass" and rec["data"]["expected_gbps"] is None
+    assert rec["detail"].startswith("busbw 0.8 GB/s; no expectation for 8x NVIDIA H200, NVLink4 (18 links) through "
+                                    "NVSwitch (measured with gloo; the table is NCCL's), floor 0.05 GB/s (gloo,")
