@@ -231,6 +231,46 @@ def rank_map_by_node(rows: list[dict]) -> list[dict]:
     return [dict(n, count=len(n["gpus"]), gpus=", ".join(n["gpus"])) for n in out.values()]
 
 
+# ---------------------------------------------------------------------------------------- the all-reduce section
+ALLREDUCE_CHECKS = ("nccl_check.inter_node", "nccl_check.intra_node")
+
+
+def allreduce_section(report: dict) -> dict | None:
+    """Measured against expected bus bandwidth (role nccl_check, docs/bandwidth.md): {rows: [{host, check, status,
+    measured, expected, fraction, hardware, floor, sizes}] (rank order; the inter-node figure once, it is the
+    cluster's), findings: [text] (the bisection's, once), bisect: {host: record}}; None without nccl_check records."""
+    hosts = _hosts_in_rank_order(report)
+    position = {h: i for i, h in enumerate(hosts)}
+    rows, findings, bisect, inter_seen = [], [], {}, False
+    for rec in sorted(report.get("records") or [], key=lambda r: (position.get(r.get("host"), 0), r.get("check", ""))):
+        check, data = rec.get("check"), rec.get("data") or {}
+        if check == "nccl_check.bisect":
+            bisect[rec.get("host")] = rec
+            for f in data.get("findings") or []:
+                if f.get("text") not in findings:
+                    findings.append(f.get("text"))
+            continue
+        if check not in ALLREDUCE_CHECKS or data.get("busbw_gbps") is None:
+            continue
+        if check == "nccl_check.inter_node":
+            if inter_seen:
+                continue
+            inter_seen = True
+        rows.append({"host": "all nodes" if check == "nccl_check.inter_node" else rec.get("host"),
+                     "check": check, "status": rec.get("status"), "measured": data.get("busbw_gbps"),
+                     "expected": data.get("expected_gbps"), "fraction": data.get("fraction"),
+                     "hardware": data.get("expected_for") or "", "floor": data.get("floor_gbps"),
+                     "sizes": [(_mib(x.get("bytes")), x.get("busbw_gbps")) for x in data.get("sizes") or []]})
+    if not rows and not bisect:
+        return None
+    return {"rows": rows, "findings": findings, "bisect": bisect}
+
+
+def _mib(nbytes) -> str:
+    mib = float(nbytes or 0) / 2**20
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
+
+
 def summary(report: dict) -> dict:
     counts = Counter(r.get("status") for r in report.get("records") or [])
     return {s: counts.get(s, 0) for s in ("pass", "fail", "warn", "skip", "pending", "unreachable")}
@@ -266,6 +306,7 @@ def render(report: dict, full_matrix_max: int = FULL_MATRIX_MAX) -> str:
         report=report, matrix=matrix, pairwise=pairwise_matrices(report, full_matrix_max), full=full,
         full_matrix_max=full_matrix_max, drift=drift, drift_summary=None if full else drift_summary(drift),
         ranks=ranks if full else rank_map_by_node(ranks), summary=summary(report), plan=plan_section(report),
+        allreduce=allreduce_section(report),
         status_order=STATUS_ORDER, esc=html.escape)
 
 

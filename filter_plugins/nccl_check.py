@@ -1,10 +1,13 @@
-"""Filters of the nccl_check role: the benchmark's result line, and the role's records (plugin_utils/allreduce_checks.py)."""
+"""Filters of the nccl_check role: the benchmark's result line, the expected bandwidth
+(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py) and the role's records (plugin_utils/allreduce_checks.py)."""
 
 from __future__ import annotations
 
 import json
 
-from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import inter_node_record, intra_node_record
+from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect
+from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, inter_node_record,
+                                                                                      intra_node_record, sweep_sizes)
 
 PREFIX = "trainyard-allreduce: "
 
@@ -34,8 +37,44 @@ def allreduce_result(registered):
     return {"ok": False, "error": f"{reason}: " + " | ".join(tail) if tail else reason}
 
 
+def expect_inter(registered_by_host, profile, nproc=1):
+    """The cluster's inter-node expectation from every node's run across the nodes ({host: registered result}, each
+    with the node's data NIC): the slowest node's, with ``per_host``."""
+    per_host = {h: bandwidth_expect.nic_expectation(allreduce_result(r).get("nic"), profile, int(nproc or 1))
+                for h, r in (registered_by_host or {}).items()}
+    return dict(bandwidth_expect.group_expectation(per_host), per_host=per_host)
+
+
+def bisect_start(nodes, expect, floor, pass_fraction, inter_record, enabled=True):
+    """The bisection's first state: run only when the cluster's inter-node record is not a pass."""
+    status = (inter_record or {}).get("status")
+    reason = ("" if status in ("warn", "fail") and (inter_record or {}).get("data", {}).get("busbw_gbps") is not None
+              else "the inter-node all-reduce did not complete: nothing to compare" if status == "fail"
+              else f"the cluster's all-reduce is a {status}: nothing to locate")
+    if not enabled:
+        reason = "nccl_check_bisect is false"
+    return allreduce_bisect.start(nodes, bandwidth_expect.threshold(expect, floor, float(pass_fraction)), reason)
+
+
+def bisect_advance(state, registered_by_host):
+    """The state after a round: each group's figure from its first node's run (a run that did not complete: None)."""
+    measured = {}
+    for g in (state or {}).get("groups") or []:
+        res = allreduce_result((registered_by_host or {}).get(g[0]))
+        measured[allreduce_bisect.key(g)] = res.get("busbw_gbps") if res.get("ok") else None
+    return allreduce_bisect.advance(state, measured)
+
+
 class FilterModule:
     def filters(self):
         return {"trainyard_allreduce_result": allreduce_result,
                 "trainyard_allreduce_inter_record": inter_node_record,
-                "trainyard_allreduce_intra_record": intra_node_record}
+                "trainyard_allreduce_intra_record": intra_node_record,
+                "trainyard_allreduce_expect_inter": expect_inter,
+                "trainyard_allreduce_expect_intra": bandwidth_expect.intra_expectation,
+                "trainyard_allreduce_bisect_start": bisect_start,
+                "trainyard_allreduce_bisect_advance": bisect_advance,
+                "trainyard_allreduce_bisect_group": allreduce_bisect.group_of,
+                "trainyard_allreduce_bisect_rounds": allreduce_bisect.max_rounds,
+                "trainyard_allreduce_bisect_record": bisect_record,
+                "trainyard_allreduce_sweep": sweep_sizes}

@@ -1,7 +1,8 @@
 """The NCCL check (playbooks/nccl_check.yml) on the simulated cluster: a real all-reduce over gloo between the
 nodes' training containers on the data network; every node records the cluster's figure, a floor above it fails
-every node with the floor named; and a cluster without containers (container_enabled false) records the
-container role as skipped and runs nothing of it."""
+every node with the floor named; a link slowed for real (tc tbf on one node's data interface) is named by the
+bisection, with its numbers; and a cluster without containers (container_enabled false) records the container role
+as skipped and runs nothing of it."""
 
 from __future__ import annotations
 
@@ -47,6 +48,40 @@ def test_a_floor_above_the_figure_fails_every_node_naming_it(containers, tmp_pat
     assert {h: rec["status"] for h, rec in inter.items()} == {h: "fail" for h in containers.nodes}
     for rec in inter.values():
         assert "floor 1000" in rec["detail"] and "nccl_check_min_inter_busbw_gbps" in rec["fix"]
+
+
+def test_a_slowed_node_is_named_by_the_bisection(containers, tmp_path):
+    """The last node's data interface sends at 8 Mbit/s (tc tbf in its network namespace, the sim node being a
+    container): the cluster's all-reduce falls below the floor, and the bisection's rounds name that node, with the
+    pairs' figures, while the others pass naming it."""
+    slow = containers.nodes[-1]
+    containers.exec(slow, ["tc", "qdisc", "replace", "dev", "eth1", "root", "tbf", "rate", "8mbit", "burst", "64kb",
+                           "latency", "400ms"])
+    try:
+        r = containers.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}", "-e", json.dumps({
+            "nccl_check_sizes": [0.25, 1], "nccl_check_iters": 5, "nccl_check_warmup": 1,
+            "nccl_check_bisect_size_mb": 1, "nccl_check_bisect_iters": 3,
+            "nccl_check_min_inter_busbw_gbps": 0.005}))
+    finally:
+        containers.exec(slow, ["tc", "qdisc", "del", "dev", "eth1", "root"], check=False)
+    assert r.returncode != 0
+    inter = records(tmp_path, "nccl_check.inter_node")
+    assert {rec["status"] for rec in inter.values()} == {"fail"}, inter
+    assert "the largest of 2 sizes from 0.25 MiB" in inter[slow]["detail"], inter[slow]["detail"]
+    assert "no expectation for eth1 (virtual)" in inter[slow]["detail"], inter[slow]["detail"]
+    bisect = records(tmp_path, "nccl_check.bisect")
+    assert bisect[slow]["status"] == "fail", bisect
+    assert bisect[slow]["detail"].startswith(f"{slow} is slow: "), bisect[slow]["detail"]
+    assert "a node measured fine" in bisect[slow]["detail"] and "(below 0.005 GB/s)" in bisect[slow]["detail"]
+    for node in containers.nodes[:-1]:
+        assert bisect[node]["status"] == "pass", bisect[node]
+        assert f"the bisection named: {slow} is slow" in bisect[node]["detail"]
+    pairs = bisect[slow]["data"]["pairwise"]["allreduce_pair_busbw_gbps"]
+    assert pairs and all(0 < v < 0.005 for v in pairs.values()), pairs
+    fine = [v for k, v in bisect[slow]["data"]["groups"].items() if slow not in k.split(",")]
+    assert fine and all(v >= 0.005 for v in fine), bisect[slow]["data"]["groups"]
+    page = (tmp_path / "health.html").read_text()
+    assert 'id="allreduce-findings"' in page and f"{slow} is slow" in page
 
 
 def test_container_role_off_runs_nothing_of_it(cluster, tmp_path):

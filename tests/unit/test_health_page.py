@@ -198,3 +198,33 @@ def test_nodes_without_failing_links_are_folded():
     shown, folded = busbw.split("<details>", 1)
     assert shown.count('<tr data-host="') == _page.WORST_LINKS  # no failing link: the lowest min open
     assert shown.index('<tr data-host="h5"') < shown.index('<tr data-host="h6"') < shown.index('<tr data-host="h0"')
+
+
+def test_the_allreduce_section_shows_measured_against_expected_and_the_slow_node():
+    inter = {"busbw_gbps": 3.1, "expected_gbps": 6.25, "fraction": 0.496, "floor_gbps": 1.0,
+             "expected_for": "TCP over ens5 at 100 Gb/s", "sizes": [{"bytes": 2**20, "busbw_gbps": 0.4},
+                                                                   {"bytes": 2**30, "busbw_gbps": 3.1}]}
+    finding = {"kind": "node", "nodes": ["n2"], "text": "n2 is slow: 0.9 GB/s with n1, a node measured fine"}
+    records = [
+        {"host": h, "check": "nccl_check.inter_node", "status": "fail", "detail": "d", "data": inter}
+        for h in ("n1", "n2")
+    ] + [
+        {"host": "n1", "check": "nccl_check.intra_node", "status": "pass", "detail": "d",
+         "data": {"busbw_gbps": 300.0, "expected_gbps": None, "expected_for": "8x NVIDIA B200", "floor_gbps": 50}},
+        {"host": "n2", "check": "nccl_check.bisect", "status": "fail", "detail": finding["text"],
+         "data": {"findings": [finding], "pairwise": {"allreduce_pair_busbw_gbps": {"n1": 0.9}}}},
+        {"host": "n1", "check": "nccl_check.bisect", "status": "pass", "detail": "not named",
+         "data": {"findings": [finding], "pairwise": {"allreduce_pair_busbw_gbps": {"n2": 0.9}}}},
+    ]
+    report = {"hosts": ["n1", "n2"], "records": records}
+    section = _page.allreduce_section(report)
+    assert [(r["host"], r["check"]) for r in section["rows"]] == [("all nodes", "nccl_check.inter_node"),
+                                                                   ("n1", "nccl_check.intra_node")]
+    assert section["rows"][0]["sizes"] == [("1 MiB", 0.4), ("1 GiB", 3.1)]
+    assert section["findings"] == [finding["text"]]
+    page = _page.render(report)
+    assert 'id="allreduce-expected"' in page and 'data-expected="6.25"' in page and "<td>50</td>" in page
+    assert "no expectation for 8x NVIDIA B200" in page
+    assert "<li>n2 is slow: 0.9 GB/s with n1, a node measured fine</li>" in page
+    assert "allreduce_pair_busbw_gbps" in page
+    assert _page.allreduce_section({"records": [{"host": "n1", "check": "network.mtu", "status": "pass"}]}) is None

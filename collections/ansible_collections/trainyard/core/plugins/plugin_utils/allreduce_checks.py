@@ -1,6 +1,8 @@
 # -*- coding: utf-8 -*-
 """Verdicts of the nccl_check role, on the controller: nccl_check.inter_node and nccl_check.intra_node from the
-all-reduce benchmark's parsed result (filter trainyard_allreduce_result) against the role's floors.
+all-reduce benchmark's parsed result (filter trainyard_allreduce_result) against what the hardware should do
+(plugin_utils/bandwidth_expect.py) and the role's floors; nccl_check.bisect from the bisection's end state
+(plugin_utils/allreduce_bisect.py).
 
 Pure: values in, records out (filter_plugins/nccl_check.py hands them to roles/nccl_check/tasks/measure.yml),
 unit-tested in tests/unit/test_allreduce_checks.py.
@@ -8,58 +10,134 @@ unit-tested in tests/unit/test_allreduce_checks.py.
 
 from __future__ import annotations
 
+from ansible_collections.trainyard.core.plugins.plugin_utils.bandwidth_expect import grade
+
 _INTER_FIX_FAILED = ("NCCL could not finish an all-reduce between the nodes: check the network.* results above (data "
                      "interface, MTU, reachability), NCCL_SOCKET_IFNAME in {env_file}, and that port {port} is open "
                      "between the nodes; rerun with NCCL_DEBUG=INFO")
-_INTER_FIX_SLOW = ("Inter-node bandwidth is below the floor: check the data NIC and its link speed, the nccl_env "
-                   "profile (tcp: NCCL_NSOCKS_PERTHREAD/NCCL_SOCKET_NTHREADS; ib: NCCL_IB_HCA), or lower "
-                   "nccl_check_min_inter_busbw_gbps")
+_INTER_FIX_SLOW = ("Inter-node bandwidth is below what the hardware should do or the floor: nccl_check.bisect names "
+                   "the slow node or link; check the data NIC and its link speed, the nccl_env profile (tcp: "
+                   "NCCL_NSOCKS_PERTHREAD/NCCL_SOCKET_NTHREADS; ib: NCCL_IB_HCA), or lower "
+                   "nccl_check_min_inter_busbw_gbps / nccl_check_expect_pass_fraction (docs/bandwidth.md)")
 _INTRA_FIX_FAILED = ("The GPUs of this node could not all-reduce: check nvidia_driver.* and fabricmanager.* results "
                      "(fabric state, NVLink), then nvidia-smi topo -m")
-_INTRA_FIX_SLOW = ("Intra-node bandwidth is below the floor: check NVLink state (nvidia-smi nvlink -s), the fabric "
-                   "manager, and NCCL_P2P_DISABLE/NCCL_SHM_DISABLE in the env file, or lower "
-                   "nccl_check_min_intra_busbw_gbps")
+_INTRA_FIX_SLOW = ("Intra-node bandwidth is below what the hardware should do or the floor: check NVLink state "
+                   "(nvidia-smi nvlink -s), the fabric manager, and NCCL_P2P_DISABLE/NCCL_SHM_DISABLE in the env "
+                   "file, or lower nccl_check_min_intra_busbw_gbps / nccl_check_expect_pass_fraction "
+                   "(docs/bandwidth.md)")
 
 
-def _record(check, result, floor, details, fixes):
-    """One record: details and fixes are (skipped, failed, measured) and (failed, measured)."""
+def _record(check, result, floor, details, fixes, expect, fractions):
+    """One record: details and fixes are (skipped, failed, where) and (failed, measured)."""
+    if (expect or {}).get("gbps") and result.get("backend") not in (None, "nccl"):
+        # The table is NCCL's on GPUs: a gloo run on CPUs (the simulated cluster) is not held to it.
+        expect = dict(expect, gbps=None, reason=f"measured with {result.get('backend')}; the table is NCCL's")
+    data = {"busbw_gbps": result.get("busbw_gbps"), "algbw_gbps": result.get("algbw_gbps"), "floor_gbps": floor,
+            "expected_gbps": (expect or {}).get("gbps"), "expected_for": (expect or {}).get("hardware"),
+            "expected_source": (expect or {}).get("source"),
+            "sizes": [{"bytes": x.get("bytes"), "busbw_gbps": x.get("busbw_gbps")} for x in result.get("sizes") or []]}
     if result.get("skipped"):
         status, detail = "skip", details[0]
     elif not result.get("ok"):
         status, detail = "fail", details[1]
     else:
-        status = "fail" if float(result.get("busbw_gbps") or 0) < float(floor) else "pass"
-        detail = details[2]
-    return {"check": check, "status": status, "detail": detail, "fix": fixes[1] if result.get("ok") else fixes[0],
-            "data": {"busbw_gbps": result.get("busbw_gbps"), "algbw_gbps": result.get("algbw_gbps"),
-                     "floor_gbps": floor}}
+        status, text = grade(result.get("busbw_gbps") or 0, expect, floor, *map(float, fractions))
+        if data["expected_gbps"]:
+            data["fraction"] = round(float(result.get("busbw_gbps") or 0) / float(data["expected_gbps"]), 3)
+        detail = f"busbw {text} ({result.get('backend')}, {result.get('world_size')} ranks{details[2]}{_sweep(result)})"
+    return {"check": check, "status": status, "detail": detail,
+            "fix": fixes[1] if result.get("ok") else fixes[0], "data": data}
 
 
-def _measured(result, where, floor):
-    return (f"busbw {result.get('busbw_gbps')} GB/s ({result.get('backend')}, {result.get('world_size')} ranks"
-            f"{where}, floor {floor} GB/s)")
+def _mib(nbytes) -> str:
+    mib = float(nbytes or 0) / 2**20
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
 
 
-def inter_node_record(result, nnodes, floor, rc=None, env_file=None, port=None):
+def _sweep(result) -> str:
+    """", 1 GiB, the largest of 6 sizes from 1 MiB": the size the verdict reads (busbw of the largest message, as
+    people compare nccl-tests' large-message busbw, not its "Avg bus bandwidth" over every size)."""
+    sizes = result.get("sizes") or []
+    if len(sizes) < 2:
+        return f", {_mib(result.get('bytes'))}" if result.get("bytes") else ""
+    return f", {_mib(sizes[-1].get('bytes'))}, the largest of {len(sizes)} sizes from {_mib(sizes[0].get('bytes'))}"
+
+
+def inter_node_record(result, nnodes, floor, rc=None, env_file=None, port=None, expect=None, fractions=(0.8, 0.5)):
     """nccl_check.inter_node: result, the parsed all-reduce across every node ({skipped: true} on one node); nnodes;
-    floor, nccl_check_min_inter_busbw_gbps; rc, the run's exit code; env_file (None: not rendered), port."""
+    floor, nccl_check_min_inter_busbw_gbps; rc, the run's exit code; env_file (None: not rendered), port; expect,
+    the cluster's expectation (filter trainyard_allreduce_expect_inter); fractions, (pass, warn)."""
     result = result or {}
     rec = _record("nccl_check.inter_node", result, floor, (
         "one node: no inter-node path to measure",
         f"all-reduce across {nnodes} nodes did not complete (rc {rc}): {result.get('error')}",
-        _measured(result, f" on {nnodes} nodes", floor),
+        f" on {nnodes} nodes",
     ), (_INTER_FIX_FAILED.format(env_file="the env file" if env_file is None else env_file, port=port),
-        _INTER_FIX_SLOW))
+        _INTER_FIX_SLOW), expect, fractions)
     rec["data"]["drift"] = {"nccl_inter_busbw_gbps": result.get("busbw_gbps")}
     return rec
 
 
-def intra_node_record(result, floor, rc=None):
+def intra_node_record(result, floor, rc=None, expect=None, fractions=(0.8, 0.5)):
     """nccl_check.intra_node: result, the parsed all-reduce within the node ({skipped: true} with one process per
-    node); floor, nccl_check_min_intra_busbw_gbps; rc, the run's exit code."""
+    node); floor, nccl_check_min_intra_busbw_gbps; rc, the run's exit code; expect, this node's expectation (filter
+    trainyard_allreduce_expect_intra); fractions, (pass, warn)."""
     result = result or {}
     return _record("nccl_check.intra_node", result, floor, (
         "one process per node: no intra-node path to measure",
         f"all-reduce within the node did not complete (rc {rc}): {result.get('error')}",
-        _measured(result, "", floor),
-    ), (_INTRA_FIX_FAILED, _INTRA_FIX_SLOW))
+        "",
+    ), (_INTRA_FIX_FAILED, _INTRA_FIX_SLOW), expect, fractions)
+
+
+_BISECT_FIX = ("Fix or leave out the node named (its NIC, cable, switch port: ethtool, ip -s link, ibstat), or the "
+               "link between the two nodes named; rerun ansible-playbook playbooks/nccl_check.yml to confirm")
+
+
+def bisect_record(host, state, expect=None):
+    """nccl_check.bisect of one node: the end state of the bisection (plugin_utils/allreduce_bisect.py start/advance)
+    and the cluster's inter-node expectation. Fail on a node a finding names; its pairs' figures in data.pairwise
+    (a pair that did not complete: 0)."""
+    state = state or {}
+    limit = state.get("threshold_gbps")
+    pairs = {}
+    for k, v in (state.get("history") or {}).items():
+        members = k.split(",")
+        if len(members) == 2 and host in members:
+            pairs[members[1 - members.index(host)]] = 0.0 if v is None else v
+    data = {"pairwise": {"allreduce_pair_busbw_gbps": pairs}, "threshold_gbps": limit,
+            "expected_gbps": (expect or {}).get("gbps"), "expected_for": (expect or {}).get("hardware"),
+            "groups": state.get("history") or {}, "rounds": state.get("rounds", 0),
+            "findings": state.get("findings") or []}
+    rec = {"check": "nccl_check.bisect", "data": data, "fix": ""}
+    if state.get("reason"):
+        return dict(rec, status="skip", detail=f"no bisection: {state['reason']}")
+    if not state.get("done"):
+        return dict(rec, status="warn", fix=_BISECT_FIX,
+                    detail=f"the bisection stopped after {state.get('rounds')} rounds without a verdict "
+                           f"(nccl_check_bisect_max_rounds); groups measured: {len(data['groups'])}")
+    findings = state.get("findings") or []
+    mine = [f for f in findings if host in f.get("nodes", []) and f.get("kind") != "none"]
+    below = f"below {limit:g} GB/s" if limit else "slow"
+    if mine:
+        return dict(rec, status="fail", fix=_BISECT_FIX, detail="; ".join(f["text"] for f in mine) + f" ({below})")
+    named = [f for f in findings if f.get("kind") != "none"]
+    if named:
+        return dict(rec, status="pass",
+                    detail=f"not named; the bisection named: {'; '.join(f['text'] for f in named)} ({below})")
+    return dict(rec, status="warn", fix=_BISECT_FIX,
+                detail="no node or link named: " + ("; ".join(f["text"] for f in findings)
+                                                    or "every group measured fine") + f" ({below})")
+
+
+def sweep_sizes(largest_mb, smallest_mb=1):
+    """The sweep's sizes in MiB, x4 apart from ``smallest_mb`` up to ``largest_mb`` (always the last): 1, 4, 16, 64,
+    256, 1024 by default (nccl-tests sweeps x2; x4 keeps the run short with the same span)."""
+    largest, size = float(largest_mb), float(smallest_mb)
+    if size <= 0 or largest <= 0:
+        raise ValueError(f"nccl_check_size_mb {largest_mb} and nccl_check_sweep_min_mb {smallest_mb}: both above 0")
+    sizes = []
+    while size < largest:
+        sizes.append(size)
+        size *= 4
+    return sizes + [largest]

@@ -1,0 +1,116 @@
+"""The expected-bandwidth table (plugin_utils/bandwidth_expect.py) on the GPU facts the product reads (the H200 capture
+in tests/data/nvidia-smi/h200x4, parsed as module nvidia_gpu_facts parses it) and on NIC facts as the benchmark reads
+them from sysfs. No GPU machine this session: these fixtures are the GPU side's only exercise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
+from ansible_collections.trainyard.core.plugins.plugin_utils import bandwidth_expect as be
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
+
+
+def h200_facts():
+    facts = nvidia_smi.parse_query_xml((DATA / "h200x4" / "nvidia-smi-q.xml").read_text())
+    links = nvidia_smi.parse_nvlink_status((DATA / "h200x4" / "nvidia-smi-nvlink-s.txt").read_text())
+    for g in facts["gpus"]:
+        g["nvlink"] = links.get(g["index"])
+    return facts
+
+
+def gpus(name, links, n=8):
+    return {"gpus": [{"name": name, "nvlink": {"links": links, "active": links}} for _ in range(n)]}
+
+
+def test_the_h200_capture_expects_nvlink4():
+    e = be.intra_expectation(h200_facts(), 4)
+    assert e["gbps"] == 320.0
+    assert e["hardware"] == "4x NVIDIA H200, NVLink4 (18 links) through NVSwitch"
+    assert "alayanew" in e["source"] and "gpu-acceptance" in e["source"]
+
+
+@pytest.mark.parametrize("name,links,gbps,hardware", [
+    ("NVIDIA H100 80GB HBM3", 18, 320.0, "NVLink4"),
+    ("NVIDIA A100-SXM4-80GB", 12, 230.0, "NVLink3"),
+    ("NVIDIA H100 PCIe", 0, 35.0, "PCIe Gen5 x16"),
+    ("NVIDIA A100 80GB PCIe", 0, 17.5, "PCIe Gen4 x16"),
+    ("NVIDIA L40S", 0, 17.5, "PCIe Gen4 x16"),
+])
+def test_rows_by_model_and_link(name, links, gbps, hardware):
+    e = be.intra_expectation(gpus(name, links), 8)
+    assert e["gbps"] == gbps and hardware in e["hardware"] and e["source"]
+
+
+@pytest.mark.parametrize("facts,reason", [
+    (None, "no GPU facts in this run"),
+    (gpus("NVIDIA GeForce RTX 4090", 0), "is not in the table"),
+    (gpus("NVIDIA H100 NVL", 12), "bridged pairs"),
+    ({"gpus": [{"name": "NVIDIA H100 80GB HBM3"}, {"name": "NVIDIA A100-SXM4-80GB"}]}, "mixed GPU models"),
+    (gpus("NVIDIA H100 80GB HBM3", 0), "no NVLink listed"),
+])
+def test_unknown_hardware_has_no_expectation_and_says_why(facts, reason):
+    e = be.intra_expectation(facts, 8)
+    assert e["gbps"] is None and reason in e["reason"]
+
+
+def test_family_matching_is_exact():
+    assert be.gpu_family("NVIDIA H200") == "H200"
+    assert be.gpu_family("NVIDIA H20") is None
+    assert be.gpu_family("NVIDIA L4") == "L4" and be.gpu_family("NVIDIA L40S") == "L40S"
+
+
+def test_nic_rows():
+    tcp = be.nic_expectation({"iface": "ens5", "speed_mbps": 100000, "virtual": False}, "tcp")
+    assert tcp["gbps"] == 7.5 and tcp["hardware"] == "TCP over ens5 at 100 Gb/s"
+    ib = [{"device": f"mlx5_{i}", "port": 1, "rate_gbps": 400, "link_layer": "InfiniBand", "state": "4: ACTIVE"}
+          for i in range(8)]
+    e = be.nic_expectation({"iface": "ib0", "rdma": ib}, "ib", nproc=8)
+    assert e["gbps"] == 360.0 and e["hardware"] == "8x IB 400 Gb/s"
+    # One rank per node drives one NIC: 200G HDR -> 22.5 GB/s (nccl-tests#119 reads about 24).
+    hdr = [dict(p, rate_gbps=200) for p in ib]
+    assert be.nic_expectation({"rdma": hdr}, "ib", nproc=1)["gbps"] == 22.5
+    assert be.nic_expectation({"rdma": hdr}, "roce")["gbps"] is None  # InfiniBand ports do not serve RoCE
+    efa = [{"device": "rdmap16s27", "port": 1, "rate_gbps": 100, "link_layer": "Unspecified", "state": "4: ACTIVE"}]
+    assert be.nic_expectation({"rdma": efa}, "efa")["gbps"] == 10.0
+
+
+@pytest.mark.parametrize("nic,profile,reason", [
+    ({"iface": "eth1", "speed_mbps": 10000, "virtual": True}, "tcp", "eth1 is a virtual interface"),
+    ({"iface": "eth1", "speed_mbps": -1}, "tcp", "reports no link speed"),
+    ({"iface": "eth1", "speed_mbps": None}, "tcp", "reports no link speed"),
+    ({"rdma": [{"device": "mlx5_0", "rate_gbps": 400, "link_layer": "InfiniBand", "state": "1: DOWN"}]}, "ib",
+     "no active ib port"),
+    ({}, "gcp-tcpxo", "no table row for the gcp-tcpxo profile"),
+])
+def test_unknown_nics_have_no_expectation(nic, profile, reason):
+    e = be.nic_expectation(nic, profile)
+    assert e["gbps"] is None and reason in e["reason"]
+
+
+def test_a_group_goes_at_its_slowest_node():
+    a = be.nic_expectation({"iface": "ens5", "speed_mbps": 100000}, "tcp")
+    b = be.nic_expectation({"iface": "ens5", "speed_mbps": 25000}, "tcp")
+    g = be.group_expectation({"n1": a, "n2": b})
+    assert g["gbps"] == b["gbps"] and g["hardware"] == "TCP over ens5 at 25 Gb/s on n2"
+    none = be.group_expectation({"n1": a, "n2": be.nic_expectation({"iface": "eth1", "virtual": True}, "tcp")})
+    assert none["gbps"] is None and none["hardware"] == "eth1 (virtual) on n2"
+
+
+def test_grades_read_measured_against_expected():
+    e = {"gbps": 320.0, "hardware": "8x NVIDIA H200, NVLink4"}
+    assert be.grade(300, e, 0) == ("pass", "300 GB/s = 94% of the 320 GB/s expected for 8x NVIDIA H200, NVLink4")
+    assert be.grade(200, e, 50)[0] == "warn"
+    assert be.grade(100, e, 50)[0] == "fail"
+    # The floor overrides: below it fails whatever the expectation says.
+    assert be.grade(300, e, 310) == ("fail", "300 GB/s = 94% of the 320 GB/s expected for 8x NVIDIA H200, "
+                                             "NVLink4, floor 310 GB/s (below the floor)")
+    assert be.grade(200, e, 0, pass_fraction=0.6)[0] == "pass"
+    none = {"gbps": None, "hardware": "eth1 (virtual)", "reason": "eth1 is a virtual interface: no line rate"}
+    assert be.grade(2.5, none, 1) == ("pass", "2.5 GB/s; no expectation for eth1 (virtual) (eth1 is a virtual "
+                                              "interface: no line rate), floor 1 GB/s")
+    assert be.grade(0.5, none, 1)[0] == "fail"
+    assert be.threshold(e, 50) == 256.0 and be.threshold(none, 1) == 1.0
