@@ -72,7 +72,7 @@ from ansible_collections.trainyard.core.plugins.module_utils import job_collect 
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr  # noqa: E402
 from conftest import adhoc  # noqa: E402
 
-lf = load("roles/launch/filter_plugins/launch_filters.py", "launch_filters_bounds")
+lf = load("filter_plugins/launch_filters.py", "launch_filters_bounds")
 DEEP = "[" * 50000 + "]" * 50000  # 100 KB of nesting: json.loads raised RecursionError
 
 

@@ -7,7 +7,7 @@ from conftest import load
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks as cc
 
-cf = load("roles/container/filter_plugins/container_filters.py", "container_filters")
+cf = load("filter_plugins/container_filters.py", "container_filters")
 
 HOST = {"ServerVersion": "27.1.1", "Driver": "overlay2", "CgroupVersion": "2"}
 LIBS_OK = {"libraries": ["libcuda.so.1", "libnvidia-ml.so.1"], "missing": [], "stale": [], "mounts": []}

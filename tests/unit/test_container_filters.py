@@ -1,4 +1,4 @@
-"""Pure helpers of the container role (roles/container/filter_plugins/container_filters.py)."""
+"""Pure helpers of the container role (filter_plugins/container_filters.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from conftest import load
 
-cf = load("roles/container/filter_plugins/container_filters.py", "container_filters")
+cf = load("filter_plugins/container_filters.py", "container_filters")
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64

@@ -1,4 +1,4 @@
-"""roles/launch/filter_plugins/launch_filters.py: every node's status folded into one view that names the first
+"""filter_plugins/launch_filters.py: every node's status folded into one view that names the first
 failing node and rank, fed with the module's own results parsed from real torchrun logs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from conftest import REPO, load
 
 from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
 
-lf = load("roles/launch/filter_plugins/launch_filters.py", "launch_filters")
+lf = load("filter_plugins/launch_filters.py", "launch_filters")
 DATA = REPO / "tests/data/torchrun"
 
 

@@ -1,9 +1,9 @@
-"""The launch role's status filters (roles/launch/filter_plugins/launch_progress.py): the per-node table, the
+"""The launch role's status filters (filter_plugins/launch_progress.py): the per-node table, the
 straggler line and the ranks grouped by the call they sit in, from job_progress results as hostvars hold them."""
 
 from conftest import load
 
-lp = load("roles/launch/filter_plugins/launch_progress.py", "launch_progress")
+lp = load("filter_plugins/launch_progress.py", "launch_progress")
 
 
 def rank(r, node_rank, compute, step=40, t=100.0):

@@ -19,7 +19,7 @@ from ansible_collections.trainyard.core.plugins.module_utils import netcheck
 from ansible_collections.trainyard.core.plugins.module_utils import proc_sockets
 from ansible_collections.trainyard.core.plugins.plugin_utils import netrecords
 
-filters = load("roles/network/filter_plugins/network_filters.py", "network_filters_rt")
+filters = load("filter_plugins/network_filters.py", "network_filters_rt")
 
 
 def in_netns(ns, module, args, *flags):

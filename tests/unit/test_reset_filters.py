@@ -1,10 +1,10 @@
-"""The reset role's summary (roles/reset/filter_plugins/reset_filters.py) and the container's line of it
-(roles/container/filter_plugins/container_filters.py reset_summary)."""
+"""The reset role's summary (filter_plugins/reset_filters.py) and the container's line of it
+(filter_plugins/container_filters.py reset_summary)."""
 
 from conftest import load
 
-rf = load("roles/reset/filter_plugins/reset_filters.py", "reset_filters")
-cf = load("roles/container/filter_plugins/container_filters.py", "container_filters_reset")
+rf = load("filter_plugins/reset_filters.py", "reset_filters")
+cf = load("filter_plugins/container_filters.py", "container_filters_reset")
 
 
 def test_summary_line_names_what_was_found_cleaned_and_kept():
@@ -31,7 +31,7 @@ def test_container_reset_line():
     assert cf.reset_summary("c", False, "", True, False) == "c running, left alone"
 
 
-nf = load("roles/network/filter_plugins/network_filters.py", "network_filters_reset")
+nf = load("filter_plugins/network_filters.py", "network_filters_reset")
 
 
 def test_network_reset_line():

@@ -44,8 +44,8 @@ NOT_JOB_TREE = {
                                           "side), as recover's inline -c scripts did; with launch_runtime host it "
                                           "reads and rewrites the head's checkpoint files by path as the connecting user",
     PU + "recover_convert.py": "controller: builds the conversion command and recover.json from returned values",
-    "roles/container/filter_plugins/container_filters.py": "controller: builds container arguments",
-    "roles/train_args/filter_plugins/train_args_filters.py": "controller: builds trainer arguments",
+    "filter_plugins/container_filters.py": "controller: builds container arguments",
+    "filter_plugins/train_args_filters.py": "controller: builds trainer arguments",
 }
 
 HOST_ONLY_STATE = "<state>/<job>/ (host-only: never mounted into the container; validation keeps it out of mounts)"
