@@ -105,7 +105,7 @@ def _why(res):
     return str(peer.get("reason") or "")[:300] if isinstance(peer, dict) else ""
 
 
-def status_summary(hostvars, hosts, reachable=None, var="__launch_status"):
+def status_summary(hostvars, hosts, reachable=None, var="__job_status"):
     """Fold every node's status into {state, nodes, first_failure, failure_text, lines}.
 
     state: running (all running), finished (all finished), failed (any failed), partial (a mix without

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Filters of the launch role's status entry point: per-node progress (steps, speed, ETA, GPUs), stragglers and the
+"""Filters of the job role's status entry point: per-node progress (steps, speed, ETA, GPUs), stragglers and the
 ranks' Python stacks as one table. The logic is in module_utils/job_collect.py (tests/unit/test_job_collect.py);
 this file hands it the play's host variables (tests/unit/test_launch_progress.py)."""
 
@@ -18,12 +18,12 @@ def _res(hostvars, host, key):
 
 def launch_progress_summary(hostvars, hosts, stall_s=300, straggler_ratio=1.3):
     """{nodes, stragglers, stalled, reporting, gpus: {host: [...]}, gpu_skipped: {host: why}} from every node's
-    job_progress result (registered as __launch_progress)."""
+    job_progress result (registered as __job_progress)."""
     per_node, gpus, skipped, now = {}, {}, {}, 0.0
     for i, h in enumerate(hosts):
-        r = _res(hostvars, h, "__launch_progress")
+        r = _res(hostvars, h, "__job_progress")
         model = _res(hostvars, h, "cluster_model")
-        job = _res(hostvars, h, "__launch_status")
+        job = _res(hostvars, h, "__job_status")
         per_node[h] = {"node_rank": model.get("node_rank", i), "ranks": r.get("progress") or [],
                        "state": job.get("state"), "started_at": job.get("started_at"), "now": r.get("now"),
                        "log_mtime": r.get("log_mtime")}
@@ -75,8 +75,8 @@ def launch_progress_lines(summary, states=None):
 
 
 def launch_stack_lines(hostvars, hosts):
-    """Which ranks sit in which call, from every node's stack dumps (registered as __launch_stacks)."""
-    return job_collect.stack_lines({h: _res(hostvars, h, "__launch_stacks").get("stacks") or [] for h in hosts})
+    """Which ranks sit in which call, from every node's stack dumps (registered as __job_stacks)."""
+    return job_collect.stack_lines({h: _res(hostvars, h, "__job_stacks").get("stacks") or [] for h in hosts})
 
 
 def launch_watch_more(status):

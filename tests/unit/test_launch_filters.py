@@ -22,9 +22,9 @@ def node_result(log_name, node_rank, state="failed"):
 
 
 def test_names_the_killed_node_not_the_earlier_survivor():
-    hv = {"n1": {"__launch_status": node_result("sim_node_survivor.log", 0)},
-          "n2": {"__launch_status": node_result("sim_node_killed.log", 1)},
-          "n3": {"__launch_status": node_result("sim_node_survivor.log", 2)}}
+    hv = {"n1": {"__job_status": node_result("sim_node_survivor.log", 0)},
+          "n2": {"__job_status": node_result("sim_node_killed.log", 1)},
+          "n3": {"__job_status": node_result("sim_node_survivor.log", 2)}}
     s = lf.status_summary(hv, ["n1", "n2", "n3"])
     assert s["state"] == "failed"
     assert s["first_failure"]["node"] == "n2" and s["first_failure"]["rank"] == 1
@@ -36,20 +36,20 @@ def test_names_the_killed_node_not_the_earlier_survivor():
 
 def test_all_running_and_all_finished():
     run = {"state": "running", "node_rank": 0, "last_log_line": "trainyard: step 5 loss 0.1", "failure": None}
-    hv = {"a": {"__launch_status": run}, "b": {"__launch_status": dict(run, node_rank=1)}}
+    hv = {"a": {"__job_status": run}, "b": {"__job_status": dict(run, node_rank=1)}}
     s = lf.status_summary(hv, ["a", "b"])
     assert s["state"] == "running" and s["first_failure"] is None and s["failure_text"] == ""
     assert "trainyard: step 5 loss 0.1" in s["lines"][0]
-    fin = {"a": {"__launch_status": dict(run, state="finished")}, "b": {"__launch_status": dict(run, state="finished")}}
+    fin = {"a": {"__job_status": dict(run, state="finished")}, "b": {"__job_status": dict(run, state="finished")}}
     assert lf.status_summary(fin, ["a", "b"])["state"] == "finished"
 
 
 def test_unreachable_and_partial():
     run = {"state": "running", "node_rank": 0, "failure": None}
-    hv = {"a": {"__launch_status": run}, "b": {}}
+    hv = {"a": {"__job_status": run}, "b": {}}
     s = lf.status_summary(hv, ["a", "b"], reachable=["a"])
     assert s["state"] == "unreachable" and s["nodes"][1]["state"] == "unreachable"
-    hv = {"a": {"__launch_status": run}, "b": {"__launch_status": {"state": "absent"}}}
+    hv = {"a": {"__job_status": run}, "b": {"__job_status": {"state": "absent"}}}
     assert lf.status_summary(hv, ["a", "b"])["state"] == "partial"
 
 
@@ -57,7 +57,7 @@ def test_a_dead_agent_without_report_is_still_named():
     dead = {"state": "failed", "node_rank": 2, "failure": None, "exit": {"returncode": -9}, "log": "/l",
             "log_tail": "trainyard: step 9"}
     ok = {"state": "running", "node_rank": 0, "failure": None}
-    s = lf.status_summary({"a": {"__launch_status": ok}, "c": {"__launch_status": dead}}, ["a", "c"])
+    s = lf.status_summary({"a": {"__job_status": ok}, "c": {"__job_status": dead}}, ["a", "c"])
     assert s["first_failure"]["node"] == "c" and s["first_failure"]["rank"] is None
     assert "its torchrun agent" in s["failure_text"]
 
@@ -69,13 +69,13 @@ def test_an_agent_killed_from_outside_is_named_before_the_connection_errors_it_c
     killed_at = survivor["failure"]["time_epoch"] - 1
     dead = {"state": "failed", "node_rank": 1, "failure": None, "log": "/l1", "log_tail": "trainyard: step 9",
             "exit": {"returncode": -9, "ended_at": killed_at}}
-    s = lf.status_summary({"a": {"__launch_status": survivor}, "b": {"__launch_status": dead}}, ["a", "b"])
+    s = lf.status_summary({"a": {"__job_status": survivor}, "b": {"__job_status": dead}}, ["a", "b"])
     assert s["first_failure"]["node"] == "b"
     assert s["failure_text"].startswith("first failure: node b (node rank 1), its torchrun agent, exit code -9 "
                                         "(SIGKILL)")
     # torn down by SIGTERM (a user's stop), the agent is not the cause: the survivor's failure is named
     torn = dict(dead, exit={"returncode": -15, "ended_at": killed_at})
-    s = lf.status_summary({"a": {"__launch_status": survivor}, "b": {"__launch_status": torn}}, ["a", "b"])
+    s = lf.status_summary({"a": {"__job_status": survivor}, "b": {"__job_status": torn}}, ["a", "b"])
     assert s["first_failure"]["node"] == "a"
 
 
@@ -87,7 +87,7 @@ def test_a_node_stopped_by_the_fail_fast_watcher_says_why_and_is_not_the_cause()
     stopped = {"state": "failed", "node_rank": 0, "failure": None, "log": "/l0", "last_log_line": "trainyard: step 9",
                "exit": {"returncode": 1, "ended_at": killed["failure"]["time_epoch"] - 30,
                         "peer_stop": {"why": "peer_failed", "reason": reason}}}
-    s = lf.status_summary({"a": {"__launch_status": stopped}, "b": {"__launch_status": killed}}, ["a", "b"])
+    s = lf.status_summary({"a": {"__job_status": stopped}, "b": {"__job_status": killed}}, ["a", "b"])
     assert s["first_failure"]["node"] == "b" and s["first_failure"]["rank"] == 1
     assert s["nodes"][0]["why"] == reason and reason in s["lines"][0]
     assert s["nodes"][1]["why"] == ""

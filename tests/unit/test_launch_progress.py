@@ -1,4 +1,4 @@
-"""The launch role's status filters (filter_plugins/launch_progress.py): the per-node table, the
+"""The job role's status filters (filter_plugins/launch_progress.py): the per-node table, the
 straggler line and the ranks grouped by the call they sit in, from job_progress results as hostvars hold them."""
 
 from conftest import load
@@ -14,15 +14,15 @@ def rank(r, node_rank, compute, step=40, t=100.0):
 def hostvars():
     gpu = {"index": 0, "util_pct": 97, "mem_used_mib": 70000, "temp_c": 81, "throttle": ["gpu_idle"]}
     return {
-        "n1": {"cluster_model": {"node_rank": 0}, "__launch_progress": {
+        "n1": {"cluster_model": {"node_rank": 0}, "__job_progress": {
             "progress": [rank(0, 0, 0.1)], "gpus": [gpu], "now": 101.0}},
-        "n2": {"cluster_model": {"node_rank": 1}, "__launch_progress": {
+        "n2": {"cluster_model": {"node_rank": 1}, "__job_progress": {
             "progress": [rank(1, 1, 0.4)], "gpus": [dict(gpu, throttle=["hw_slowdown"], temp_c=92)], "now": 101.0},
-            "__launch_stacks": {"stacks": [{"rank": 1, "method": "py-spy", "call": "main (train.py:9)"}]}},
-        "n3": {"cluster_model": {"node_rank": 2}, "__launch_progress": {
+            "__job_stacks": {"stacks": [{"rank": 1, "method": "py-spy", "call": "main (train.py:9)"}]}},
+        "n3": {"cluster_model": {"node_rank": 2}, "__job_progress": {
             "progress": [rank(2, 2, 0.11)], "gpus": [], "gpu_skipped": "no nvidia-smi on the node (no GPU)",
             "now": 101.0},
-            "__launch_stacks": {"stacks": [{"rank": 2, "skipped": "SIGUSR1 not caught"}]}},
+            "__job_stacks": {"stacks": [{"rank": 2, "skipped": "SIGUSR1 not caught"}]}},
     }
 
 
@@ -49,13 +49,13 @@ def test_stalled_and_stack_groups():
 
 def test_a_node_with_no_step_and_a_silent_log_is_stalled_and_said_so():
     hv = hostvars()
-    hv["n3"]["__launch_progress"] = {"progress": [], "gpus": [], "now": 101.0, "log_mtime": 20.0}
-    hv["n3"]["__launch_status"] = {"state": "running", "started_at": 10.0}
+    hv["n3"]["__job_progress"] = {"progress": [], "gpus": [], "now": 101.0, "log_mtime": 20.0}
+    hv["n3"]["__job_status"] = {"state": "running", "started_at": 10.0}
     s = lp.launch_progress_summary(hv, ["n1", "n2", "n3"], 50, 1.3)
     assert s["stalled"] == ["n3"]
     lines = lp.launch_progress_lines(s, {"n1": "running", "n2": "running", "n3": "running"})
     assert "STALLED: no progress on n3 (no step recorded and its log silent)" in lines[-1]
-    hv["n3"]["__launch_status"]["state"] = "finished"
+    hv["n3"]["__job_status"]["state"] = "finished"
     assert lp.launch_progress_summary(hv, ["n1", "n2", "n3"], 50, 1.3)["stalled"] == []
 
 

@@ -1,6 +1,6 @@
 """The checkpoint conversion of playbooks/recover.yml: the command the new head runs and the resume line
 (plugin_utils/recover_convert.py, through filter_plugins/recover_shards.py), and the script the head runs with the
-job's Python (roles/launch/files/recover_ckpt.py), passed with -c as roles/launch/tasks/recover_convert.yml does."""
+job's Python (roles/recover/files/recover_ckpt.py), passed with -c as roles/recover/tasks/recover_convert.yml does."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from conftest import REPO, load
 from ansible_collections.trainyard.core.plugins.plugin_utils import recover_convert as rcv
 
 flt = load("filter_plugins/recover_shards.py", "recover_filters").FilterModule().filters()
-SCRIPT = REPO / "roles/launch/files/recover_ckpt.py"
-ck = load("roles/launch/files/recover_ckpt.py", "recover_ckpt")
+SCRIPT = REPO / "roles/recover/files/recover_ckpt.py"
+ck = load("roles/recover/files/recover_ckpt.py", "recover_ckpt")
 
 DS = {"checkpoint": "/out/job/checkpoint-40", "name": "checkpoint-40",
       "shards": {"format": "deepspeed", "tag": "global_step40", "world_size": 0}}

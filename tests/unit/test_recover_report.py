@@ -254,7 +254,7 @@ def test_weights_only_llamafactory_config_loads_the_checkpoint_and_does_not_resu
     assert json.dumps(p.report[c.hosts[0]]["train_args_argv"]).count("resume_from_checkpoint=") == 1
 
 
-# ---- recover's own tasks (roles/launch/tasks/recover_convert.yml) on two local nodes with real checkpoint trees
+# ---- recover's own tasks (roles/recover/tasks/recover_convert.yml) on two local nodes with real checkpoint trees
 _PLAY = """
 - hosts: trainers
   gather_facts: false
@@ -269,7 +269,7 @@ _PLAY = """
                               old_rank_map: {n1: 0, n2: 1, n3: 2}}
         cluster_models: {n1: {nproc_per_node: 1}}
     - ansible.builtin.import_role: {name: trainyard_defaults}
-    - ansible.builtin.import_role: {name: launch, tasks_from: recover_convert.yml}
+    - ansible.builtin.import_role: {name: recover, tasks_from: recover_convert.yml}
     - ansible.builtin.copy:
         dest: "{{ out }}"
         mode: "0644"

@@ -40,7 +40,7 @@ NOT_JOB_TREE = {
     PU + "host_basics.py": "controller: builds checks from variables",
     PU + "cluster_model.py": "controller: reads the inventory's cluster spec",
     "roles/container/files/container_health.py": "runs inside the training container: the job's own side",
-    "roles/launch/files/recover_ckpt.py": "runs with the job's Python inside the training container (the job's own "
+    "roles/recover/files/recover_ckpt.py": "runs with the job's Python inside the training container (the job's own "
                                           "side), as recover's inline -c scripts did; with launch_runtime host it "
                                           "reads and rewrites the head's checkpoint files by path as the connecting user",
     PU + "recover_convert.py": "controller: builds the conversion command and recover.json from returned values",

@@ -105,6 +105,20 @@ def test_unknown_variable_uses_the_longest_matching_role_prefix():
     assert "did you mean 'nccl_env_profile'?" in line
 
 
+@pytest.mark.parametrize("var,value", [("launch_collect_timeout", 30), ("launch_status_stall_s", 600),
+                                       ("launch_recover_resume", "weights")])
+def test_a_variable_is_checked_by_the_role_that_owns_it_whatever_its_prefix(var, value):
+    """The job and recover roles keep the launch_ names they had in the launch role: known, and typed by their spec."""
+    assert run(three(**{var: value})) == []
+    (line,) = run(three(launch_recover_resume="all"))
+    assert "launch_recover_resume" in line and "full" in line
+
+
+def test_a_typo_of_a_moved_variable_names_the_nearest_one():
+    (line,) = run(three(launch_collect_timout=30))
+    assert "did you mean 'launch_collect_timeout'?" in line and "roles/job/meta/argument_specs.yml" in line
+
+
 def test_role_without_spec_is_not_checked():
     assert run(three(fabricmanager_anything=1), roles={k: v for k, v in ROLES.items() if k != "fabricmanager"}) == []
 

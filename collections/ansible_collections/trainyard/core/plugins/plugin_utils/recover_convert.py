@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Controller side of the checkpoint conversion of playbooks/recover.yml (roles/launch/tasks/recover_convert.yml):
+"""Controller side of the checkpoint conversion of playbooks/recover.yml (roles/recover/tasks/recover_convert.yml):
 the conversion command the new head runs, and the line that says what the survivors resume from.
 
 Pure: a checkpoint_shards listing (the fact launch_recover_shards) and plain values in, plain values out; the

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Read or mend a DeepSpeed checkpoint file for playbooks/recover.yml (roles/launch/tasks/recover_convert.yml), with
+"""Read or mend a DeepSpeed checkpoint file for playbooks/recover.yml (roles/recover/tasks/recover_convert.yml), with
 the job's own Python and torch (inside the training container when the job runs in one).
 
 The task passes this file's text to the interpreter with -c (nothing is written on the node for it):
