@@ -3,7 +3,7 @@
 container's configuration against the wanted one, and the in-container health results as preflight records.
 
 Everything here takes plain data (dicts, lists, strings) and returns plain data, so it is unit-tested
-without a cluster (tests/unit/test_container_filters.py).
+without a cluster (tests/unit/filters/test_container_filters.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """Pure helpers of the launch role: the per-node job states the torchrun_launch module reports (state=status)
-folded into one cluster view with the first failing node and rank (tests/unit/test_launch_filters.py)."""
+folded into one cluster view with the first failing node and rank (tests/unit/filters/test_launch_filters.py)."""
 
 from __future__ import annotations
 

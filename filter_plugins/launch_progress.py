@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Filters of the job role's status entry point: per-node progress (steps, speed, ETA, GPUs), stragglers and the
-ranks' Python stacks as one table. The logic is in module_utils/job_collect.py (tests/unit/test_job_collect.py);
-this file hands it the play's host variables (tests/unit/test_launch_progress.py)."""
+ranks' Python stacks as one table. The logic is in module_utils/job_collect.py (tests/unit/module_utils/test_job_collect.py);
+this file hands it the play's host variables (tests/unit/filters/test_launch_progress.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Pure helpers of the reset role's summary on the controller (tests/unit/test_reset_filters.py)."""
+"""Pure helpers of the reset role's summary on the controller (tests/unit/filters/test_reset_filters.py)."""
 
 from __future__ import annotations
 

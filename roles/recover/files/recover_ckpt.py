@@ -8,7 +8,7 @@ The task passes this file's text to the interpreter with -c (nothing is written 
                restores the Adam step counters on the CPU, which torch's fused AdamW refuses), saves the file only
                when it changed, and prints "unfused N parameter groups" or "not fused".
 
-The decisions are the pure functions below (unit-tested without torch: tests/unit/test_recover_ckpt.py).
+The decisions are the pure functions below (unit-tested without torch: tests/unit/plugin_utils/test_recover_convert.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ community.docker modules) and container.gpus (does the training container get th
 preflight records, from what the engine answered and what tasks/gpu_devices.yml found.
 
 Pure: values in, records out (the role's filters in filter_plugins/container_filters.py hand them
-to roles/container/tasks/engine.yml), unit-tested in tests/unit/test_container_checks.py.
+to roles/container/tasks/engine.yml), unit-tested in tests/unit/plugin_utils/test_container_checks.py.
 """
 
 from __future__ import annotations
