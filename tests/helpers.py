@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the toolchain beside the Python that runs the tests
 COLLECTIONS = REPO / "collections"
 SIM = [sys.executable, str(REPO / "tests/sim/simcluster.py")]
+NVIDIA_SMI_DATA = REPO / "tests/data/nvidia-smi"  # captured nvidia-smi output: a real H200 x4 node, and faults
 
 
 def wait_until(pred, timeout, step=1.0):
@@ -39,6 +40,31 @@ def wait_until(pred, timeout, step=1.0):
             return v
         time.sleep(step)
     return pred()
+
+
+def xml(name):
+    """A captured `nvidia-smi -q -x` (or other output) by file name: the faulty variant where there is one."""
+    faulty, real = NVIDIA_SMI_DATA / "faulty" / name, NVIDIA_SMI_DATA / "h200x4" / name
+    return (faulty if faulty.exists() else real).read_text()
+
+
+def facts_of(name="nvidia-smi-q.xml", **extra):
+    """nvidia_gpu_facts' facts of the captured node (every NVLink up), extra on top."""
+    from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi as ns
+
+    f = ns.parse_query_xml(xml(name))
+    f.update(gpu_count=len(f["gpus"]), kernel_module_version=None, fabric_applicable=ns.fabric_applicable(f["gpus"]),
+             nvswitch={"present": ns.fabric_applicable(f["gpus"]), "local": False, "devices": [], "source": "fabric"},
+             fabricmanager_version=f["driver_version"])
+    for g in f["gpus"]:
+        g["nvlink"] = {"links": 18, "active": 18, "inactive": 0, "gbps": 478.116}
+    f.update(extra)
+    return f
+
+
+def by_check(records):
+    """{check id: record}."""
+    return {r["check"]: r for r in records}
 
 
 def load(relpath: str, name: str | None = None):

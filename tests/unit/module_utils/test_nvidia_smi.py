@@ -1,36 +1,16 @@
 """module_utils/nvidia_smi.py on the real H200 x4 capture and on edited copies that show each fault."""
 
 import re
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi as ns
+from helpers import NVIDIA_SMI_DATA, by_check, facts_of, xml
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "nvidia-smi"
-REAL = DATA / "h200x4"
-FAULTY = DATA / "faulty"
+REAL = NVIDIA_SMI_DATA / "h200x4"
+
 UUIDS = ["GPU-14e98dc8-5831-1c29-ebc0-83958ef15f98", "GPU-f7ca0a33-dea9-4a73-0f1e-410f732534c3",
          "GPU-b4944e71-d200-f8f0-76f0-b34695a85e00", "GPU-2e6a7c62-1baa-4fc5-583b-58ad093e462c"]
-
-
-def xml(name):
-    return (FAULTY / name if (FAULTY / name).exists() else REAL / name).read_text()
-
-
-def facts_of(name="nvidia-smi-q.xml", **extra):
-    f = ns.parse_query_xml(xml(name))
-    f.update(gpu_count=len(f["gpus"]), kernel_module_version=None, fabric_applicable=ns.fabric_applicable(f["gpus"]),
-             nvswitch={"present": ns.fabric_applicable(f["gpus"]), "local": False, "devices": [], "source": "fabric"},
-             fabricmanager_version=f["driver_version"])
-    for g in f["gpus"]:
-        g["nvlink"] = {"links": 18, "active": 18, "inactive": 0, "gbps": 478.116}
-    f.update(extra)
-    return f
-
-
-def by_check(records):
-    return {r["check"]: r for r in records}
 
 
 OPTS = {"version": "", "branch": "580", "gpus_per_node": 4, "nproc_per_node": 4, "visible_devices": "",

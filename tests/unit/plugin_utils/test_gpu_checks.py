@@ -3,7 +3,7 @@ nodes' nvidia_gpu_facts results (the real H200 x4 capture and edited copies)."""
 
 from ansible_collections.trainyard.core.plugins.module_utils import gpu_health
 from ansible_collections.trainyard.core.plugins.plugin_utils import gpu_checks as gc
-from test_nvidia_smi import by_check, facts_of, xml
+from helpers import by_check, facts_of, xml
 
 OPTS = {"version": "", "branch": "580", "gpus_per_node": 4, "nproc_per_node": 4, "gpu_ranks": True,
         "visible_devices": "", "shared_gpus_ok": False, "device_order_file": "/etc/environment"}
