@@ -61,7 +61,7 @@ demo: sim-up ## run site.yml on a 3-node simulated cluster and leave it running
 lint: venv ## yamllint, ansible-lint (production profile) and pyflakes over the product's Python and its tests
 	yamllint -s .
 	ansible-lint -q --profile production
-	pyflakes library action_plugins filter_plugins callback_plugins inventory_plugins strategy_plugins collections roles/*/filter_plugins roles/*/files tests
+	pyflakes library action_plugins filter_plugins callback_plugins inventory_plugins strategy_plugins collections roles/*/files tests
 
 unit: venv ## unit and property tests (no cluster needed)
 	pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests/unit

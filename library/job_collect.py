@@ -59,7 +59,7 @@ EXAMPLES = r"""
     job: "{{ cluster_job_name }}"
     state_root: "{{ cluster_state_dir }}"
     container: trainyard-train
-  register: __launch_collect
+  register: __job_collect
 """
 
 RETURN = r"""

@@ -34,7 +34,7 @@ EXAMPLES = r"""
 - name: Progress and GPUs of the node
   job_progress:
     job: train
-  register: __launch_progress
+  register: __job_progress
 """
 
 RETURN = r"""

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import SimCluster, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import SimCluster, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
 
 PLAYBOOK = "tests/integration/playbooks/container.yml"
 # The simulated nodes' engines cannot raise RLIMIT_MEMLOCK (no CAP_SYS_RESOURCE): use their own hard limit.

@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import SimCluster, run_playbook, sim_down, sim_up  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import SimCluster, run_playbook, sim_down, sim_up  # noqa: E402
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 MARKER = "trainyard: rendezvous done"

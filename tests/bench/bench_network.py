@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import BIN, ansible_env, sim_down, sim_up  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import BIN, ansible_env, sim_down, sim_up  # noqa: E402
 
 PLAYBOOK = "tests/integration/playbooks/network.yml"
 TASK_TIME = re.compile(r"^network : Ping every peer with don't-fragment pings.*?(\d+\.\d+)s\s*$", re.M)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
-from conftest import SimCluster, parse_recap, sim_down, sim_up  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import SimCluster, parse_recap, sim_down, sim_up  # noqa: E402
 
 RAW = REPO / "docs/benchmarks-reset.json"
 TITLE = "## reset.yml after a crash"

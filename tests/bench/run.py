@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests/bench"))
-from conftest import BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
+from helpers import BIN, SimCluster, ansible_env, parse_recap, run_playbook, sim_down, sim_up  # noqa: E402
 from scale import table  # noqa: E402  (tests/bench/scale.py: the markdown tables of every section)
 
 DOC = REPO / "docs/benchmarks.md"

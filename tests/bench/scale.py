@@ -223,7 +223,7 @@ def path_mtu_module_seconds(report: Path) -> list[float]:
 
 def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGroup, env_extra: dict | None = None,
                  label: str = "", keep_output: bool = False) -> dict:
-    from conftest import ansible_env
+    from helpers import ansible_env
     ids = [subprocess.run(["docker", "inspect", "-f", "{{.Id}}", n], capture_output=True, text=True,
                           check=True).stdout.strip() for n in nodes]
     with tempfile.TemporaryDirectory(prefix="tybench-") as tmp:
@@ -320,7 +320,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
 
 
 def bench_scale(sizes: list[int], repeats: int, config_at: int | None) -> dict:
-    from conftest import SIM, BIN
+    from helpers import SIM, BIN
     results: dict = {"sizes": [], "config": [], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "commit": os.environ.get("TRAINYARD_BENCH_COMMIT") or subprocess.run(
                          ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()}

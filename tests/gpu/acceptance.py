@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import wait_until  # noqa: E402  (the tests' one wait_until)
 # The GPU machine's rule: NVLink multicast stays off in every program; DeepSpeed needs a plain arch list.
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
            "TORCH_CUDA_ARCH_LIST": "9.0"}
@@ -144,13 +146,7 @@ class Acceptance:
 
     @staticmethod
     def wait(cond, timeout: float, step: float = 0.5):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = cond()
-            if value:
-                return value
-            time.sleep(step)
-        return cond()
+        return wait_until(cond, timeout, step)
 
     @staticmethod
     def children(pid: int) -> list[int]:

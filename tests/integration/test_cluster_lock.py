@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import REPO, BIN, SimCluster, ansible_env, sim_down, sim_up
+from helpers import REPO, BIN, SimCluster, ansible_env, sim_down, sim_up, wait_until
 
 LOCK = "/var/lib/trainyard-lock/cluster.lock"
 SHORT_WAIT = ["-e", "cluster_lock_wait_s=5"]
@@ -85,13 +85,6 @@ def lock_mtime(cluster, node):
     return int(r.stdout) if r.returncode == 0 else None
 
 
-def wait_until(what, cond, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
-
-
 def lock_error(output):
     """The one line the task failed with."""
     lines = [ln for ln in output.splitlines() if "Cluster lock " in ln and ln.lstrip().startswith("[ERROR]")]
@@ -131,8 +124,8 @@ def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
     try:
         wait_for_holder(lk, site)
         first = lock_mtime(lk, lk.head)
-        wait_until("the holder's heartbeat never touched the lock",
-                   lambda: site.proc.poll() is not None or (lock_mtime(lk, lk.head) or 0) > first)
+        assert wait_until(lambda: site.proc.poll() is not None or (lock_mtime(lk, lk.head) or 0) > first, 120, 0.5), \
+            "the holder's heartbeat never touched the lock"
         assert site.proc.poll() is None, "site.yml ended before its heartbeat was seen"
         rc, status = run_sync(lk, tmp_path, "playbooks/status.yml")
         assert "Cluster lock" not in status.output and "Take the cluster lock" not in status.output
@@ -181,4 +174,4 @@ def test_failed_run_gives_the_lock_back(lk, tmp_path):
     assert rc != 0 and "Reset not confirmed" in r.output, r.output[-3000:]
     assert "Take the cluster lock on the other nodes" in r.output
     for node in lk.nodes:
-        wait_until(f"{node}: the failed run's lock was never released", lambda n=node: holder(lk, n) is None)
+        assert wait_until(lambda n=node: holder(lk, n) is None, 120, 0.5), f"{node}: the failed run's lock was never released"

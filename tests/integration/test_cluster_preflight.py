@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 
-from conftest import parse_recap, report_of, run_dir_of
+from helpers import parse_recap, report_of, run_dir_of
 
 PLAY = "tests/integration/playbooks/cluster.yml"
 

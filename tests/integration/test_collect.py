@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from helpers import wait_until
 
 
 LAUNCH = "tests/integration/playbooks/launch.yml"
@@ -107,7 +107,7 @@ def test_collect_names_the_gpu_faults_and_gathers_every_node(job):
     report = json.loads((run / "report.json").read_text())
     rec = {(x["host"], x["check"]): x["status"] for x in report["records"]}
     assert rec[(bad, "nvidia_driver.xid")] == "fail" and rec[(job.nodes[0], "nvidia_driver.xid")] == "pass"
-    # every node reported progress (the straggler verdict itself is unit-tested: tests/unit/test_job_collect.py)
+    # every node reported progress (the straggler verdict itself is unit-tested: tests/unit/module_utils/test_job_collect.py)
     assert {rec[(n, "job.straggler")] for n in job.nodes} <= {"pass", "warn"}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import parse_recap
+from helpers import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/container.yml"
 NAME = "trainyard-train"

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import parse_recap, wait_until
+from helpers import parse_recap, wait_until
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"

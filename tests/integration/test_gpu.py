@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_recap
+from helpers import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/gpu.yml"
 FAULT = "/etc/trainyard-standin/fault"

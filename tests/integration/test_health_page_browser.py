@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from conftest import REPO, run_dir_of
+from helpers import REPO, run_dir_of
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, BIN, ansible_env, parse_recap
+from helpers import REPO, BIN, ansible_env, parse_recap
 
 PY = str(BIN / "python")
 

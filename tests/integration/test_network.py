@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, BIN, ansible_env, parse_recap, run_playbook
+from helpers import REPO, BIN, ansible_env, parse_recap, run_playbook
 
 PLAYBOOK = "tests/integration/playbooks/network.yml"
 PORT = 39500

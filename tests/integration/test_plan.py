@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_recap
+from helpers import parse_recap
 
 NAME = os.environ.get("TY_SIM_NAME", "pl") + "pl"
 ENV_FILE = "/var/lib/trainyard/train/job-ro/nccl.env"  # the job's read-only directory
@@ -45,7 +45,7 @@ def changes(report: dict, host: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def pcluster(request):
-    from conftest import sim_down, sim_up
+    from helpers import sim_down, sim_up
 
     c = sim_up(NAME, nodes=2)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_recap, wait_until
+from helpers import parse_recap, wait_until
 
 LAUNCH = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from conftest import parse_recap
+from helpers import parse_recap
 
 PLAYBOOK = "tests/integration/playbooks/render_sim.yml"
 ENV = "/var/lib/trainyard/train/job-ro/nccl.env"

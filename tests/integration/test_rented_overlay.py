@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SIM, BIN, ansible_env, parse_recap, report_of, run_playbook
+from helpers import REPO, SIM, BIN, ansible_env, parse_recap, report_of, run_playbook
 
 OVERLAY_MTU = 1450
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN, REPO, parse_recap
+from helpers import BIN, REPO, parse_recap
 
 STATE_ROOT = "/var/lib/trainyard"
 PORT = 39500
@@ -109,7 +109,7 @@ def job_reset_adhoc(cluster, limit=None, check=False, extra=None):
     argv = [str(BIN / "ansible"), "trainers", "-i", str(cluster.inventory), "-m", "job_reset",
             "-a", json.dumps(args), "-o"] + (["--check"] if check else []) + (["--limit", limit] if limit else [])
     import subprocess
-    from conftest import ansible_env
+    from helpers import ansible_env
     r = subprocess.run(argv, cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=300)
     out = {}
     for line in r.stdout.splitlines():

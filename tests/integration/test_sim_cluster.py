@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from conftest import parse_recap, run_playbook
+from helpers import parse_recap, run_playbook
 
 
 def test_nodes_are_separate(cluster):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BIN, REPO, ansible_env
+from helpers import BIN, REPO, ansible_env
 
 PLAYBOOK = "tests/integration/playbooks/launch.yml"
 STATE = "/var/lib/trainyard/train"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, parse_recap, run_playbook
+from helpers import REPO, parse_recap, run_playbook
 
 VALIDATE_TASK = "TASK [cluster : Stop if the inventory or the variables are wrong"
 NET = "198.51.100"

@@ -9,7 +9,7 @@ Both walk the job-writable tree one component at a time from a descriptor of the
 directory itself included, stops the copy with a one-line error naming it, and nothing is read or written through
 it. ``unpack`` writes every file into a fresh temporary file (``O_CREAT|O_EXCL|O_NOFOLLOW``) then renames it over
 the name (a link there is replaced, never followed), and takes regular files and directories only from the tar.
-Stdlib only; unit-tested in tests/unit/test_recover_nofollow.py against real directory trees.
+Stdlib only; unit-tested in tests/unit/module_utils/test_recover_nofollow.py against real directory trees.
 """
 
 from __future__ import annotations

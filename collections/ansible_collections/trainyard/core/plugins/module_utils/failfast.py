@@ -17,7 +17,7 @@ record (launch.exit.json) says why: key `peer_stop`.
 
 Standard library, plus torch imported lazily (in the watcher's thread): the launcher runs with the job's Python,
 which has torch; without it the watcher says so in the log and the job runs without fail-fast.
-The pure parts (spec_for, root_cause_of, stop_words) are unit-tested; the rest runs in tests/unit/test_failfast.py
+The pure parts (spec_for, root_cause_of, stop_words) are unit-tested; the rest runs in tests/unit/module_utils/test_failfast.py
 against a real TCPStore and in tests/integration/test_failfast.py on the simulated cluster.
 """
 import json

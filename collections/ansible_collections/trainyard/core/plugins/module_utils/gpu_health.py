@@ -3,7 +3,7 @@
 
 Pure functions (standard library only), shared by the module `nvidia_gpu_facts` (with health) on the nodes, the
 nvidia_driver role's filters (preflight) and the collect playbook's analysis on the controller. Unit tests:
-tests/unit/test_gpu_health.py (real kernel log lines and the real H200 capture, tests/data/kernel-log/).
+tests/unit/module_utils/test_gpu_health.py (real kernel log lines and the real H200 capture, tests/data/kernel-log/).
 
 Every record names the node, the GPU, the ranks on it and the fix.
 

@@ -2,7 +2,7 @@
 """Evidence of a job from one node, read safely, and what the controller concludes from every node's evidence.
 
 Pure functions (standard library only) shared by the module `job_collect` (on the nodes), `collect_bundle` (on the
-controller) and the launch role's status filters. Unit tests: tests/unit/test_job_collect.py.
+controller) and the job role's status filters. Unit tests: tests/unit/module_utils/test_job_collect.py.
 
 Everything in the job's read-only and job-writable directories (job-ro/, job-rw/ beneath the host-only state
 directory; module_utils/torchrun.py) may have been written or replaced by the job (its flight-recorder dumps,

@@ -2,7 +2,7 @@
 """Recover on the surviving nodes: which nodes stay, their new ranks, and which checkpoint shards survive.
 
 Pure functions (stdlib only), used by the action plugin ``recover_plan`` on the controller and by the module
-``checkpoint_shards`` on the nodes; unit-tested in tests/unit/test_recover.py.
+``checkpoint_shards`` on the nodes; unit-tested in tests/unit/module_utils/test_recover.py.
 
 * ``plan_survivors`` drops the unreachable nodes and those that failed a preflight check, never more than
   ``cluster_min_nodes`` allows, keeps the survivors in their old rank order with contiguous ranks (the head

@@ -2,7 +2,7 @@
 """Pure helpers of the torchrun launch: the command, the environment, the state file, log parsing.
 
 Kept apart from the code that starts processes (library/torchrun_launch.py, the launcher module_utils/launcher.py)
-so the logic is unit-tested without launching anything (tests/unit/test_torchrun*.py).
+so the logic is unit-tested without launching anything (tests/unit/module_utils/test_torchrun*.py).
 
 State file (``<state_root>/<job>/launch.json``, docs/architecture.md)::
 
@@ -47,7 +47,7 @@ LOG_KEEP = 5
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names whose values a result, a log, a state file or a collected bundle never shows: THE secret-name rule, used by
-# job_collect (the bundle), plugin_utils/cluster_model.py (the validate play) and here; tests/unit/test_secret_rule.py
+# job_collect (the bundle), plugin_utils/cluster_model.py (the validate play) and here; tests/unit/layout/test_secret_rule.py
 # fails on a second one anywhere in the product.
 SECRET_NAME = re.compile(r"token|secret|passw|pwd|key|credential|cred|auth|cookie|private|signature|session", re.I)
 REDACTED = "********"
@@ -444,7 +444,7 @@ def rotated_names(log, keep=LOG_KEEP):
 # naming its processes) is parsed line by line, each line cut to LINE_MAX characters first, and every regex
 # applied to it is linear in the line (no nested quantifier, no unanchored `.*` that rescans the line from each
 # start): a 1 MiB line costs a 1 MiB scan, never hours (docs/security.md "Bad input";
-# tests/unit/test_job_text_regex.py runs each parser on adversarial lines under a subprocess timeout).
+# tests/unit/module_utils/test_job_text_regex.py runs each parser on adversarial lines under a subprocess timeout).
 LINE_MAX = 4096
 
 

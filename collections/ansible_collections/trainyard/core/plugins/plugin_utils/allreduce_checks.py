@@ -5,7 +5,7 @@ all-reduce benchmark's parsed result (filter trainyard_allreduce_result) against
 (plugin_utils/allreduce_bisect.py).
 
 Pure: values in, records out (filter_plugins/nccl_check.py hands them to roles/nccl_check/tasks/measure.yml),
-unit-tested in tests/unit/test_allreduce_checks.py.
+unit-tested in tests/unit/plugin_utils/test_allreduce_checks.py.
 """
 
 from __future__ import annotations

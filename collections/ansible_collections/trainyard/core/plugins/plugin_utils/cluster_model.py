@@ -474,6 +474,9 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
     specs = {role: r.get("options") or {} for role, r in roles.items()}
     known = {role: set(r.get("options") or {}) | set(r.get("defaults") or ()) for role, r in roles.items()}
     prefixes = prefixes_for(roles)
+    # A variable belongs to the role whose spec or defaults name it (the job and recover roles keep the launch_
+    # names they had in the launch role); an unknown one to the role of its longest prefix.
+    holder = {var: role for role, names in known.items() for var in names}
 
     # ---- per-host variables: removed, reserved, unknown, typing
     typed: dict[str, dict[str, Any]] = {}
@@ -493,16 +496,17 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
                 problems.append(Problem(f"{var} is set in the inventory but is a fact computed by the role "
                                         f"{reserved[var]}", f"remove {var} from the inventory", var, value, [h], True))
                 continue
-            role = owner(var, prefixes)
+            role = holder.get(var) or owner(var, prefixes)
             if role is None:
                 continue
             if role not in known:
                 continue  # that role has no spec (yet): nothing to check against
             if var not in known[role]:
                 # Named, never with its value: a misspelt password variable must not be printed.
+                near = nearest(var, [v for v in holder if owner(v, prefixes) == role])
                 problems.append(Problem(f"{var} is not a variable of the role {role}",
-                                        _did_you_mean(var, known[role]) + " (see roles/" + role
-                                        + "/meta/argument_specs.yml)", var))
+                                        (f"did you mean '{near}'?" if near else "no similar name exists")
+                                        + " (see roles/" + holder.get(near, role) + "/meta/argument_specs.yml)", var))
                 continue
             spec = specs[role].get(var)
             if spec is None:

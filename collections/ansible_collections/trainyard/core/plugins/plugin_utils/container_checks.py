@@ -3,8 +3,8 @@
 community.docker modules) and container.gpus (does the training container get this node's GPUs, and how), as
 preflight records, from what the engine answered and what tasks/gpu_devices.yml found.
 
-Pure: values in, records out (the role's filters in roles/container/filter_plugins/container_filters.py hand them
-to roles/container/tasks/engine.yml), unit-tested in tests/unit/test_container_checks.py.
+Pure: values in, records out (the role's filters in filter_plugins/container_filters.py hand them
+to roles/container/tasks/engine.yml), unit-tested in tests/unit/plugin_utils/test_container_checks.py.
 """
 
 from __future__ import annotations

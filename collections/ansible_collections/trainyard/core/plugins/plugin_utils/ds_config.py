@@ -2,14 +2,14 @@
 """DeepSpeed configs the user brings: field aliases, "auto" fillers, and merging the product's additions.
 
 Pure functions, stdlib only, used on the controller by action_plugins/deepspeed_validate.py (building
-ds_config.json, once per distinct config the "auto" rules and the comparison of the nodes); unit-tested in tests/unit/test_deepspeed_byo.py against
+ds_config.json, once per distinct config the "auto" rules and the comparison of the nodes); unit-tested in tests/unit/actions/test_byo.py against
 DeepSpeed's own classes and a corpus of real configs (tests/data/byo/deepspeed/).
 
 Where the tables come from:
 - ZERO_ALIASES: DeepSpeed 0.19.8, deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig: every
   ``Field(..., alias="stage3_...")`` and every field whose ``json_schema_extra`` is ``deprecated`` with a
   ``new_param`` (stage3_gather_fp16_weights_on_model_save, cpu_offload, cpu_offload_param). The model sets
-  ``populate_by_name``, so DeepSpeed reads both spellings; tests/unit/test_deepspeed_byo.py compares this table
+  ``populate_by_name``, so DeepSpeed reads both spellings; tests/unit/actions/test_byo.py compares this table
   with the installed DeepSpeed's model fields.
 - TOP_ALIASES: deepspeed/runtime/precision_config.py, get_bfloat16_config: ``bf16`` or the older ``bfloat16``.
 - AUTO_FILLED["trainer"]: transformers 5.6.0 (the version `make venv` puts in .cache/llamafactory-site),
@@ -27,7 +27,7 @@ Where the tables come from:
   another spelling DeepSpeed reads (prefetch_bucket_size for stage3_prefetch_bucket_size) is left as "auto", and
   DeepSpeed's config models drop an "auto" value (deepspeed/runtime/config_utils.py, DeepSpeedConfigModel.__init__)
   and silently use their default; auto_errors() refuses it, naming the spelling the integration fills.
-- tests/unit/test_byo.py compares these tables with the installed transformers and accelerate sources.
+- tests/unit/actions/test_byo.py compares these tables with the installed transformers and accelerate sources.
 """
 
 from __future__ import annotations

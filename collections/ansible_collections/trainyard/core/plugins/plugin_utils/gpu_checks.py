@@ -4,7 +4,7 @@ nvidia_driver_check.py, fabricmanager_check.py) hand to the verdicts of module_u
 module_utils/gpu_health.py, built from the results the nodes' nvidia_gpu_facts calls returned and the roles' options.
 
 Pure: no Ansible object comes in (another node's variables are asked for through a function), so it is unit-tested
-without a play (tests/unit/test_gpu_checks.py).
+without a play (tests/unit/plugin_utils/test_gpu_checks.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Used on the controller by action_plugins/nccl_env_validate.py (names and values, before anything is written) and
 filter_plugins/render.py (the across-nodes consistency check). Stdlib only; unit-tested in
-tests/unit/test_nccl_vars.py, tests/unit/test_nccl_env_render.py.
+tests/unit/plugin_utils/test_nccl_vars.py, tests/unit/actions/test_nccl_env_render.py.
 
 Where the names come from: every NUL-terminated NCCL_*/TORCH_*/PYTORCH_*/TORCHELASTIC_*/GLOO_*/CUDA_*/OMP_*
 string in the shared libraries of torch 2.11.0+cu130 and NCCL 2.28 (libnccl.so.2, libtorch_cpu/cuda/python.so,

@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
-"""Controller side of the checkpoint conversion of playbooks/recover.yml (roles/launch/tasks/recover_convert.yml):
+"""Controller side of the checkpoint conversion of playbooks/recover.yml (roles/recover/tasks/recover_convert.yml):
 the conversion command the new head runs, and the line that says what the survivors resume from.
 
 Pure: a checkpoint_shards listing (the fact launch_recover_shards) and plain values in, plain values out; the
-filters in filter_plugins/recover_shards.py hand them to the tasks (tests/unit/test_recover_convert.py).
+filters in filter_plugins/recover_shards.py hand them to the tasks (tests/unit/plugin_utils/test_recover_convert.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,493 @@
+# -*- coding: utf-8 -*-
+"""Pure helpers of the container role: image references, the same-image-everywhere verdict, the running
+container's configuration against the wanted one, and the in-container health results as preflight records.
+
+Everything here takes plain data (dicts, lists, strings) and returns plain data, so it is unit-tested
+without a cluster (tests/unit/filters/test_container_filters.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
+from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
+    engine_record, gpus_record, registry_reach_record, running_record)
+
+
+def image_repository(ref: str) -> str:
+    """Repository part of an image reference: 'reg:5000/a/b:tag' -> 'reg:5000/a/b'; digests stripped too."""
+    ref = (ref or "").strip()
+    ref = ref.split("@", 1)[0]
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        ref = ref[:colon]
+    return ref
+
+
+def image_registry(ref: str) -> str:
+    """Registry host of an image reference, by docker's rule: the first path component when it has a '.' or a
+    ':' or is 'localhost'; otherwise Docker Hub ('docker.io')."""
+    first, sep, _rest = image_repository(ref).partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def image_pinned_digest(ref: str) -> str:
+    """'repo@sha256:...' -> 'sha256:...'; '' when the reference is not pinned by digest."""
+    return ref.split("@", 1)[1] if "@" in (ref or "") else ""
+
+
+def image_identity(info: dict | None, ref: str) -> dict:
+    """What this node resolved `ref` to, from docker_image_info's image dict (None: not present).
+
+    id: the image ID (digest of its config: same content, same ID, whatever the registry);
+    repo_digest: the registry manifest digest for the reference's repository, when the image came from a pull.
+    """
+    if not info:
+        return {"present": False, "id": "", "repo_digest": ""}
+    repo = image_repository(ref)
+    digest = ""
+    for rd in info.get("RepoDigests") or []:
+        name, _, dg = rd.partition("@")
+        if name == repo and dg:
+            digest = dg
+            break
+    return {"present": True, "id": info.get("Id") or "", "repo_digest": digest,
+            "created": info.get("Created") or ""}
+
+
+def _short(digest: str) -> str:
+    return digest.split(":", 1)[-1][:12] if digest else "-"
+
+
+def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict:
+    """Does `host` run the same image as every other node (and the pinned digest, when one is given)?
+
+    fleet: [{host, present, id, repo_digest}, ...] for every node of the play.
+    pinned: optional 'sha256:...' the user requires (matches the image ID or the registry digest).
+    Returns {ok, detail, fix, reference, hosts_differing}.
+    """
+    by_host = {f["host"]: f for f in fleet if f.get("host")}
+    mine = by_host.get(host) or {"present": False, "id": "", "repo_digest": ""}
+    pinned = pinned or image_pinned_digest(image)
+    if not mine.get("present"):
+        return {"ok": False, "reference": "", "hosts_differing": [host],
+                "detail": f"{image} is not present on this node",
+                "fix": f"Pull it: run site.yml (container role), or docker pull {image} on this node; "
+                       "check the registry address and credentials (container_registry_*)"}
+    present = {h: f for h, f in by_host.items() if f.get("present") and f.get("id")}
+    if pinned:
+        reference = pinned
+        differing = sorted(h for h, f in present.items() if pinned not in (f["id"], f.get("repo_digest")))
+        why = f"the pinned digest {pinned}"
+    else:
+        counts = Counter(f["id"] for f in present.values())
+        ranked = counts.most_common()
+        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+            # No majority: every node is suspect, name the groups.
+            groups = {}
+            for h, f in sorted(present.items()):
+                groups.setdefault(f["id"], []).append(h)
+            listing = "; ".join(f"{_short(i)} on {', '.join(hs)}" for i, hs in groups.items())
+            return {"ok": False, "reference": "", "hosts_differing": sorted(present),
+                    "detail": f"{image} resolved to different images with no majority: {listing}",
+                    "fix": f"Make the registry serve one image for {image} to every node (check mirrors, "
+                           "proxies, DNS and /etc/hosts on these nodes), then rerun with "
+                           "container_pull_always=true; or pin container_image to repo@sha256:<digest>"}
+        reference = ranked[0][0] if ranked else ""
+        differing = sorted(h for h, f in present.items() if f["id"] != reference)
+        why = f"the image on {len(present) - len(differing)} of {len(present)} nodes"
+    mine_ok = host not in differing
+    mine_desc = f"image {_short(mine['id'])}" + (f", registry digest {_short(mine['repo_digest'])}"
+                                                 if mine.get("repo_digest") else "")
+    if mine_ok:
+        detail = f"{image}: {mine_desc}, same as {why}"
+        if differing:
+            detail += f" (differing: {', '.join(differing)})"
+        return {"ok": True, "reference": reference, "hosts_differing": differing, "detail": detail, "fix": ""}
+    return {"ok": False, "reference": reference, "hosts_differing": differing,
+            "detail": f"{image} resolved to {mine_desc} on this node, expected {_short(reference)} "
+                      f"({why}); nodes differing: {', '.join(differing)}",
+            "fix": f"This node pulled a different image for {image}: check its registry route (mirror, proxy, "
+                   "DNS, /etc/hosts, NAT), remove the image there (docker image rm) and rerun with "
+                   "container_pull_always=true; pin container_image to repo@sha256:<digest> to stop drift"}
+
+
+def digest_verdicts(hostvars, hosts: list, image: str, pinned: str = "", check_mode: bool = False) -> dict:
+    """digest_verdict for every host of the play at once, each with the identity that host resolved, from the
+    registered results of the container role (the pull's image, else the read of verify.yml)."""
+    fleet = []
+    for h in hosts:
+        hv = hostvars[h]
+        pull, info = hv.get("__container_pull") or {}, hv.get("__container_image_info") or {}
+        seen = pull.get("image") if (pull.get("image") and not check_mode) else next(iter(info.get("images") or []), None)
+        fleet.append(dict(image_identity(seen, image), host=h))
+    return {f["host"]: dict(digest_verdict(fleet, f["host"], image, pinned), id=f["id"], repo_digest=f["repo_digest"])
+            for f in fleet}
+
+
+def mount_target(mount: dict) -> str:
+    """Path of a container_mounts entry inside the container (its source unless target is given)."""
+    return mount.get("target") or mount.get("source") or ""
+
+
+def mounts_spec(mounts: list) -> list:
+    """container_mounts entries -> docker_container `mounts` (bind mounts, same path inside by default)."""
+    out = []
+    for m in mounts or []:
+        out.append({"type": "bind", "source": m["source"], "target": mount_target(m),
+                    "read_only": bool(m.get("read_only", False))})
+    return out
+
+
+def ulimits_spec(ulimits: dict) -> list:
+    """{memlock: -1, stack: 67108864, nofile: '1024:4096'} -> ['memlock:-1:-1', 'stack:...', 'nofile:1024:4096']."""
+    out = []
+    for name, value in sorted((ulimits or {}).items()):
+        value = str(value)
+        soft, _, hard = value.partition(":")
+        out.append(f"{name}:{soft}:{hard or soft}")
+    return out
+
+
+def caps_spec(caps: list) -> list:
+    """container_cap_add -> the names docker records (CAP_ prefix, upper case, sorted, once each): the role passes
+    these, so the engine's inspect data compares equal on a converged run."""
+    names = set()
+    for cap in caps or []:
+        name = str(cap).strip().upper()
+        if name:
+            names.add(name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name)
+    return sorted(names)
+
+
+def job_user(user, home: str) -> dict:
+    """container_user -> what the container runs with: {user: value for docker_container (None: the image's USER),
+    ids: [uid, gid] or None (root, the image's), env: HOME and USER for a uid the image has no passwd entry for
+    (docker would leave HOME=/; getpass.getuser(), used by torch's compile caches, needs USER)}."""
+    text = str(user if user is not None else "").strip()
+    ids = container_user_ids(text)
+    return {"user": text or None, "ids": list(ids) if ids else None,
+            "env": {"HOME": home, "USER": "trainyard", "LOGNAME": "trainyard"} if ids else {}}
+
+
+def dirs_to_give(stat_out: str, user) -> list:
+    """The writable mount sources to give to the job's uid:gid (the top directory only, never recursive).
+
+    stat_out: `stat --printf '%u:%g:%a:%F:%n\\0'` of each source (links not followed). A directory is given when
+    root owns it and the job's uid cannot write it (a 0755 directory made by mkdir -p, or by an earlier root
+    container); one of another owner (an operator's shared space) or already writable (1777) is left as it is, and
+    a symlink is never followed. A source below another writable source is left too: the job could swap a directory
+    on its path for a symlink between the read and the chown (chown -h follows every component but the last).
+    Nothing is given when the job runs as root or as the image's user.
+    """
+    ids = container_user_ids(user)
+    if not ids:
+        return []
+    uid, gid = ids
+    entries = [e.strip("\n").split(":", 4) for e in (stat_out or "").split("\0")]
+    roots = [p[4].rstrip("/") + "/" for p in entries if len(p) == 5]
+    out = []
+    for parts in entries:
+        if len(parts) != 5 or parts[3] != "directory":
+            continue
+        if any(parts[4].startswith(r) for r in roots):
+            continue
+        try:
+            owner, group, mode = int(parts[0]), int(parts[1]), int(parts[2], 8)
+        except ValueError:
+            continue
+        writable = (mode & 0o002) or (owner == uid and mode & 0o200) or (group == gid and mode & 0o020)
+        if owner == 0 and not writable and parts[4] not in out:
+            out.append(parts[4])
+    return out
+
+
+def hardening_problems(inspect: dict, expected: dict) -> list:
+    """The container's user, capabilities and no-new-privileges against the wanted ones (config_problems' part).
+
+    expected: {user: str, cap_add: [names], no_new_privileges: bool}; a key left out (or user "") is not checked.
+    """
+    problems = []
+    host, config = inspect.get("HostConfig") or {}, inspect.get("Config") or {}
+    want = str(expected.get("user") or "")
+    if want and want != str(config.get("User") or ""):  # "" (the image's USER) is whatever the image says
+        problems.append(f"runs as user {config.get('User') or 'root (the image default)'}, expected {want}")
+    if "cap_add" in expected:
+        if caps_spec(host.get("CapDrop")) != ["ALL"]:
+            problems.append(f"capabilities dropped: {', '.join(host.get('CapDrop') or []) or 'none'}, expected ALL")
+        want_caps, have_caps = caps_spec(expected["cap_add"]), caps_spec(host.get("CapAdd"))
+        if want_caps != have_caps:
+            problems.append(f"capabilities added: {', '.join(have_caps) or 'none'}, expected "
+                            f"{', '.join(want_caps) or 'none'}")
+    if "no_new_privileges" in expected:
+        # docker accepts no-new-privileges, no-new-privileges:true and no-new-privileges=true
+        nnp = any(key == "no-new-privileges" and value in ("", "true")
+                  for key, _, value in (str(o).replace("=", ":", 1).partition(":")
+                                        for o in host.get("SecurityOpt") or []))
+        if nnp != bool(expected["no_new_privileges"]):
+            problems.append("no-new-privileges is " + ("set" if nnp else "not set") + ", expected "
+                            + ("set" if expected["no_new_privileges"] else "not set"))
+    return problems
+
+
+def config_problems(inspect: dict | None, expected: dict) -> list:
+    """Differences between a container's inspect data and what the role wants (empty list: as wanted).
+
+    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool,
+               user, cap_add, no_new_privileges (hardening_problems)}
+    """
+    if not inspect:
+        return ["container does not exist"]
+    problems = []
+    state = inspect.get("State") or {}
+    if not state.get("Running"):
+        problems.append(f"not running (status {state.get('Status', '?')}, exit code {state.get('ExitCode', '?')}"
+                        + (f", error: {state['Error']}" if state.get("Error") else "") + ")")
+    host = inspect.get("HostConfig") or {}
+    for key, field in (("network_mode", "NetworkMode"), ("ipc_mode", "IpcMode"), ("pid_mode", "PidMode")):
+        want = expected.get(key)
+        if want and (host.get(field) or "") != want:
+            problems.append(f"{key} is {host.get(field) or 'default'!s}, expected {want}")
+    want_image = expected.get("image_id")
+    if want_image and inspect.get("Image") and inspect["Image"] != want_image:
+        problems.append(f"runs image {_short(inspect['Image'])}, the node's {expected.get('image', 'image')} "
+                        f"is {_short(want_image)}")
+    have = {m.get("Destination"): m for m in inspect.get("Mounts") or []}
+    for m in mounts_spec(expected.get("mounts") or []):
+        got = have.get(m["target"])
+        if not got:
+            problems.append(f"mount {m['target']} missing")
+            continue
+        if got.get("Source") and got["Source"] != m["source"]:
+            problems.append(f"mount {m['target']} comes from {got['Source']}, expected {m['source']}")
+        if bool(got.get("RW", True)) == m["read_only"]:
+            problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
+                            f"{'ro' if m['read_only'] else 'rw'}")
+    problems.extend(hardening_problems(inspect, expected))
+    if expected.get("gpus") and expected.get("gpu_mode", "runtime") == "runtime":
+        reqs = host.get("DeviceRequests") or []
+        if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
+            problems.append("no GPU device request (the node has GPUs)")
+    elif expected.get("gpus"):
+        have_dev = {d.get("PathInContainer") for d in host.get("Devices") or []}
+        lost = [d.split(":")[1] for d in expected.get("devices") or [] if d.split(":")[1] not in have_dev]
+        if lost:
+            problems.append(f"GPU device node(s) {', '.join(lost)} not given to the container (gpu_mode devices)")
+    return problems
+
+
+# The driver's user-space libraries a CUDA container needs, by the name stem nvidia-container-cli looks up in the
+# ld cache (its "utility" and "compute" capabilities): every soname of these stems is bind-mounted read-only.
+DRIVER_LIB_STEMS = (
+    "libnvidia-ml", "libnvidia-cfg",  # utility: NVML (nvidia-smi, NCCL's topology), the config library
+    "libcuda", "libcudadebugger", "libnvidia-opencl", "libnvidia-gpucomp", "libnvidia-ptxjitcompiler",
+    "libnvidia-fatbinaryloader", "libnvidia-allocator", "libnvidia-compiler", "libnvidia-pkcs11",
+    "libnvidia-pkcs11-openssl3", "libnvidia-nvvm",  # compute
+)
+# Where the libraries appear inside the container: the directory NVIDIA's CUDA images put on LD_LIBRARY_PATH.
+DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
+
+
+def ldcache_driver_libs(ldconfig_stdout: str, arch: str = "x86-64") -> list:
+    """`ldconfig -p` output -> [{name, path}] of the driver's libraries for this architecture, in cache order.
+
+    An entry looks like `libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1`; 32-bit entries
+    (`(libc6)`) and other architectures are left out, and a name is kept once (the first path, as the loader does).
+    """
+    out, seen = [], set()
+    for line in (ldconfig_stdout or "").splitlines():
+        name, sep, path = line.strip().partition(" => ")
+        if not sep:
+            continue
+        name, _, tag = name.partition(" (")
+        if arch not in tag:
+            continue
+        stem = name.split(".so", 1)[0]
+        if stem in DRIVER_LIB_STEMS and name not in seen and ".so" in name:
+            seen.add(name)
+            out.append({"name": name, "path": path.strip()})
+    return out
+
+
+def driver_lib_mounts(libs: list, stats: list, driver_version: str, lib_dir: str = DRIVER_LIB_DIR) -> dict:
+    """The driver's libraries that belong to the running driver -> read-only bind mounts.
+
+    libs: ldcache_driver_libs(); stats: for each, the stat result of its path ({exists, lnk_source, islnk}) in
+    the same order; driver_version: nvidia-smi's driver version. Like nvidia-container-cli, a library is taken only
+    when the file it resolves to carries the driver's version (libcuda.so.580.159.04): a leftover of another driver
+    in the cache would crash CUDA with a version mismatch. Returns {mounts: [{source, target, read_only}],
+    libraries: [names], stale: ["name -> file"], missing: [stems nvidia-smi and CUDA need that were not found]}.
+    """
+    mounts, names, stale = [], [], []
+    suffix = ".so." + str(driver_version or "").strip()
+    for lib, st in zip(libs or [], stats or []):
+        st = st or {}
+        if not st.get("exists"):
+            continue
+        real = st.get("lnk_source") if st.get("islnk") else lib["path"]
+        real = real or lib["path"]
+        if not driver_version or not real.endswith(suffix):
+            stale.append(f"{lib['name']} -> {real}")
+            continue
+        mounts.append({"source": real, "target": f"{lib_dir.rstrip('/')}/{lib['name']}", "read_only": True})
+        names.append(lib["name"])
+    found = {n.split(".so", 1)[0] for n in names}
+    missing = [s for s in ("libcuda", "libnvidia-ml") if s not in found]
+    return {"mounts": mounts, "libraries": names, "stale": stale, "missing": missing}
+
+
+def gpu_device_nodes(paths: list) -> list:
+    """/dev/nvidia* paths found on the node -> docker `devices` entries (rwm, same path inside).
+
+    The GPUs (/dev/nvidia0..N), the control devices (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
+    /dev/nvidia-modeset); /dev/nvidia-caps (MIG capabilities) only when present and asked for by the caller.
+    """
+    keep = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset)$")
+    return [f"{p}:{p}:rwm" for p in sorted(set(paths or []), key=lambda x: (len(x), x)) if keep.match(p)]
+
+
+def gpu_visible_verdict(seen: dict | None, expected_uuids: list, mode: str) -> dict:
+    """The GPUs nvidia-smi lists inside the container against the node's nvidia_gpu_facts.
+
+    seen: the probe's {uuids: [...], error: str}; expected_uuids: every GPU of the node. Returns {status, detail}.
+    """
+    want = sorted(u for u in (expected_uuids or []) if u)
+    if seen is None:
+        return {"status": "skip", "detail": "not reported by the probe"}
+    if seen.get("error"):
+        return {"status": "fail", "detail": f"nvidia-smi in the container ({mode}): {seen['error']}"}
+    got = sorted(seen.get("uuids") or [])
+    missing = [u for u in want if u not in got]
+    extra = [u for u in got if u not in want]
+    if not want:
+        return {"status": "skip", "detail": "nvidia_gpu_facts lists no GPU on this node"}
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if extra:
+            parts.append(f"not on the node {', '.join(extra)}")
+        return {"status": "fail", "detail": f"the container ({mode}) sees {len(got)} of {len(want)} GPU(s): "
+                                            + "; ".join(parts)}
+    return {"status": "pass", "detail": f"the container ({mode}) sees all {len(want)} GPU(s) of the node, "
+                                        f"same UUIDs ({', '.join(u[:12] for u in want)})"}
+
+
+_HEALTH_FIX = {
+    "code_dir": "Create the code directory on the node ({path}) and put the training code there, "
+                "or set cluster_code_dir / container_mounts",
+    "output_writable": "The output root {path} is not writable inside the container: check the node's disk "
+                       "(mount -o remount,rw, df -h, dmesg for I/O errors), that container_mounts does not "
+                       "mount it read-only, and that the uid:gid of container_user may write it (the role gives "
+                       "it a root-owned directory only; chown that uid:gid {path} for another owner's)",
+    "shared_readable": "The shared root {path} is not readable inside the container: mount the shared "
+                       "filesystem on the node (findmnt {path}) and check its permissions (readable by the uid of "
+                       "container_user)",
+    "home": "The job's HOME is not writable by its user: set container_home to a path the uid of container_user can "
+            "create (the default /tmp/trainyard-home), or HOME in container_env",
+    "logger": "The training code logs through {module}, which the image cannot import: add it to the image "
+              "(pip install {module}), or set container_logger_module to the logger the code uses",
+    "python": "The image has no working {python}: use an image with Python, or set container_python",
+    "torch": "torch does not import in the image: install torch in the image (matching the node's CUDA driver)",
+    "ulimits": "The engine could not give the container these limits: raise them for dockerd "
+               "(LimitMEMLOCK=infinity / LimitSTACK in docker.service) and recreate the container",
+    "gpu_visible": "The container does not see every GPU of the node: with container_gpu_mode devices check that "
+                   "every /dev/nvidia* node and the driver's libraries are given (container.gpus lists them); with "
+                   "runtime, the NVIDIA runtime's configuration (nvidia-ctk runtime configure); then rerun site.yml",
+    "shm": "/dev/shm is the node's (ipc_mode host): enlarge it on the node (mount -o remount,size={want} "
+           "/dev/shm, or in /etc/fstab), or lower container_shm_size",
+}
+
+
+def health_records(exec_result: dict | None, params: dict) -> list:
+    """docker_container_exec result of files/container_health.py -> preflight_check records.
+
+    params: {code_dir, output_root, shared_root, logger_module, python, shm_size, ulimits, container}
+    Each record: {check, status, detail, fix}.
+    """
+    import json
+
+    names = ["code_dir", "output_writable", "shared_readable", "home", "logger", "python", "torch", "ulimits", "shm",
+             "gpu_visible"]
+    fmt = {"path": "", "module": params.get("logger_module", ""), "python": params.get("python", "python3"),
+           "want": params.get("shm_size", "")}
+    paths = {"code_dir": params.get("code_dir"), "output_writable": params.get("output_root"),
+             "shared_readable": params.get("shared_root")}
+
+    def rec(name, status, detail, fix=""):
+        return {"check": f"container.health.{name}", "status": status, "detail": detail, "fix": fix}
+
+    if not exec_result or exec_result.get("skipped"):
+        reason = (exec_result or {}).get("skip_reason") or "the container is not running"
+        return [rec(n, "skip", f"not checked: {reason}") for n in names]
+    data = None
+    for line in reversed((exec_result.get("stdout") or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if data is None:
+        err = (exec_result.get("stderr") or exec_result.get("msg") or "").strip().splitlines()
+        why = err[-1] if err else f"exit code {exec_result.get('rc', '?')}"
+        records = [rec("python", "fail", f"{fmt['python']} did not run in {params.get('container', 'the container')}"
+                       f": {why}", _HEALTH_FIX["python"].format(**fmt))]
+        records += [rec(n, "skip", "not checked: the health probe could not run") for n in names if n != "python"]
+        return records
+    out = []
+    for name in names:
+        r = data.get(name)
+        if r is None:
+            out.append(rec(name, "skip", "not reported by the probe"))
+            continue
+        f = dict(fmt, path=paths.get(name) or "")
+        if name == "gpu_visible" and "status" not in r:
+            r = gpu_visible_verdict(r, params.get("gpu_uuids") or [], params.get("gpu_mode") or "runtime")
+        status = r.get("status") or ("pass" if r.get("ok") else "fail")
+        out.append(rec(name, status, r.get("detail", ""),
+                       "" if status in ("pass", "skip") else _HEALTH_FIX[name].format(**f)))
+    return out
+
+
+def reset_summary(name, restarted, recreate_error, existed, recreated):
+    """The container's line of reset.yml's summary: restarted, a failed recreate (its message, cut to 200
+    characters), recreated or created, or left alone."""
+    if restarted:
+        return f"{name} restarted"
+    if recreate_error:
+        text = str(recreate_error)
+        return f"{name}: recreate failed: {text if len(text) <= 200 else text[:197] + '...'}"
+    if recreated:
+        return f"{name} {'recreated' if existed else 'created'}"
+    return f"{name} running, left alone"
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "container_size_bytes": size_bytes,
+            "container_digest_verdicts": digest_verdicts,
+            "container_image_registry": image_registry,
+            "container_mounts_spec": mounts_spec,
+            "container_ulimits_spec": ulimits_spec,
+            "container_config_problems": config_problems,
+            "container_caps_spec": caps_spec,
+            "container_job_user": job_user,
+            "container_dirs_to_give": dirs_to_give,
+            "container_health_records": health_records,
+            "container_ldcache_driver_libs": ldcache_driver_libs,
+            "container_driver_lib_mounts": driver_lib_mounts,
+            "container_gpu_device_nodes": gpu_device_nodes,
+            "container_engine_record": engine_record,
+            "container_gpus_record": gpus_record,
+            "container_running_record": running_record,
+            "container_registry_reach_record": registry_reach_record,
+            "container_reset_summary": reset_summary,
+        }

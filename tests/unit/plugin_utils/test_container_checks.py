@@ -1,0 +1,170 @@
+"""The container role's engine and GPU verdicts (plugin_utils/container_checks.py), as roles/container/tasks/
+engine.yml records them through the role's filters."""
+
+from __future__ import annotations
+
+from helpers import load
+
+from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks as cc
+
+cf = load("filter_plugins/container_filters.py", "container_filters")
+
+HOST = {"ServerVersion": "27.1.1", "Driver": "overlay2", "CgroupVersion": "2"}
+LIBS_OK = {"libraries": ["libcuda.so.1", "libnvidia-ml.so.1"], "missing": [], "stale": [], "mounts": []}
+
+
+def ctx(**kw):
+    base = {"node": "node2", "engine_ok": True, "container_gpus": "auto", "container_gpu_mode": "auto",
+            "gpus": True, "gpu_mode": "runtime", "runtimes": ["runc", "nvidia"], "devices": [], "driver_libs": {},
+            "driver_version": None, "driver_lib_dir": "/usr/local/nvidia/lib64"}
+    return dict(base, **kw)
+
+
+def test_the_role_filters_are_these_functions():
+    f = cf.FilterModule().filters()
+    assert f["container_engine_record"] is cc.engine_record and f["container_gpus_record"] is cc.gpus_record
+
+
+def test_engine_pass_names_version_storage_cgroup():
+    rec = cc.engine_record(True, HOST, "")
+    assert rec["check"] == "container.engine" and rec["ok"] is True
+    assert rec["detail"] == "docker 27.1.1 (storage overlay2, cgroup v2)"
+    assert rec["data"] == {"drift": {"docker_version": "27.1.1"}}
+    assert cc.engine_record("True", {"ServerVersion": "26", "Driver": "vfs"})["detail"].endswith("cgroup v?)")
+
+
+def test_engine_fail_says_why_and_how_to_start_it():
+    rec = cc.engine_record(False, {}, "Error while fetching server API version: connection refused")
+    assert rec["ok"] is False
+    assert rec["detail"] == ("cannot talk to the docker engine: Error while fetching server API version: "
+                             "connection refused")
+    assert rec["fix"].startswith("Start the engine on the node (systemctl enable --now docker")
+    assert "container_engine_install: true" in rec["fix"]
+    assert rec["data"]["drift"]["docker_version"] is None
+
+
+def test_engine_fail_without_the_python_libraries_names_the_packages():
+    rec = cc.engine_record(False, None, "Failed to import the required Python library (requests)")
+    assert "apt-get install python3-docker python3-requests" in rec["fix"]
+
+
+def test_engine_message_is_cut_like_jinja_truncate():
+    long = "word " * 100
+    detail = cc.engine_record(False, {}, long)["detail"]
+    assert detail.endswith("...") and len(detail) < len("cannot talk to the docker engine: ") + 300
+    assert cc.truncate("a" * 305) == "a" * 305 and cc.truncate("a b " * 80).endswith("b...")
+
+
+def test_gpus_skip_when_the_engine_does_not_answer():
+    rec = cc.gpus_record(ctx(engine_ok=False))
+    assert (rec["status"], rec["detail"]) == ("skip", "not checked: the engine does not answer")
+
+
+def test_gpus_pass_without_gpus():
+    assert cc.gpus_record(ctx(container_gpus="none", gpus=False))["detail"] == (
+        "GPUs not requested (container_gpus: none)")
+    rec = cc.gpus_record(ctx(gpus=False))
+    assert rec["status"] == "pass" and "no GPUs on this node (/dev/nvidiactl absent)" in rec["detail"]
+    assert rec["data"]["gpu_mode"] == "none" and rec["data"]["drift"] == {"container_gpu_mode": "none"}
+
+
+def test_gpus_runtime_pass_and_fail():
+    rec = cc.gpus_record(ctx())
+    assert (rec["status"], rec["detail"]) == ("pass", "gpu mode runtime: all GPUs through the NVIDIA runtime")
+    bad = cc.gpus_record(ctx(runtimes=["runc"], container_gpu_mode="runtime"))
+    assert bad["status"] == "fail"
+    assert bad["detail"] == ("gpu mode runtime (container_gpu_mode: runtime) but the engine has no NVIDIA runtime "
+                             "(runtimes: runc)")
+    assert "nvidia-ctk runtime configure --runtime=docker" in bad["fix"] and "container_gpu_mode: devices" in bad["fix"]
+    assert bad["data"]["gpu_mode"] == "runtime"
+
+
+def test_gpus_devices_pass_lists_devices_and_libraries():
+    rec = cc.gpus_record(ctx(gpu_mode="devices", runtimes=["runc"], driver_version="580.95",
+                             devices=["/dev/nvidia0:/dev/nvidia0:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm"],
+                             driver_libs=dict(LIBS_OK, stale=["libcuda.so.1 -> /usr/lib/libcuda.so.535.1"])))
+    assert rec["status"] == "pass"
+    assert rec["detail"] == ("gpu mode devices (auto: the engine has no NVIDIA runtime): /dev/nvidia0 /dev/nvidiactl; "
+                             "driver 580.95 libraries libcuda.so.1 libnvidia-ml.so.1 mounted read-only at "
+                             "/usr/local/nvidia/lib64; left out (another driver version): "
+                             "libcuda.so.1 -> /usr/lib/libcuda.so.535.1")
+    assert rec["data"]["devices"][0] == "/dev/nvidia0:/dev/nvidia0:rwm"
+    assert rec["data"]["driver_libraries"] == ["libcuda.so.1", "libnvidia-ml.so.1"]
+
+
+def test_gpus_devices_fail_names_the_node_the_driver_and_the_fix():
+    rec = cc.gpus_record(ctx(gpu_mode="devices", container_gpu_mode="devices", driver_version="580.95",
+                             devices=["/dev/nvidia0:/dev/nvidia0:rwm"],
+                             driver_libs={"libraries": ["libcuda.so.1"], "missing": ["libnvidia-ml"], "stale": []}))
+    assert rec["status"] == "fail"
+    assert rec["detail"].startswith("gpu mode devices (container_gpu_mode: devices): /dev/nvidia0;")
+    assert rec["detail"].endswith("; missing libnvidia-ml")
+    assert rec["fix"].startswith("The driver is incomplete on node2: ldconfig -p must list libcuda.so.1 and "
+                                 "libnvidia-ml.so.1 of driver 580.95 and /dev/nvidia0 must exist")
+    assert cc.gpus_record(ctx(gpu_mode="devices", devices=[], driver_libs=LIBS_OK))["status"] == "fail"
+    assert "of driver ? and" in cc.gpus_record(ctx(gpu_mode="devices"))["fix"]
+
+
+RUN = {"engine_ok": True, "name": "trainyard-job", "problems": [], "mounts": 3, "user": "65532:65532",
+       "caps": [], "no_new_privileges": True, "ulimits": ["memlock=-1:-1", "stack=67108864:67108864"],
+       "run_msg": None, "run_ran": False}
+
+
+def test_running_pass_describes_the_container():
+    rec = cc.running_record(dict(RUN, pending_on={"container : Start the training container": {}}))
+    assert rec["check"] == "container.running" and rec["status"] == "pass"
+    assert rec["detail"] == ("trainyard-job: running, host network/IPC/PID, 3 mounts, user 65532:65532, capabilities "
+                             "none, no-new-privileges on")
+    assert rec["pending_on"] == {"container : Start the training container": {}}
+    assert cf.FilterModule().filters()["container_running_record"] is cc.running_record
+    detail = cc.running_record(dict(RUN, user="", caps=["SYS_PTRACE"], no_new_privileges=False))["detail"]
+    assert "user of the image, capabilities SYS_PTRACE, no-new-privileges off" in detail
+
+
+def test_running_skip_when_the_engine_does_not_answer():
+    rec = cc.running_record(dict(RUN, engine_ok=False))
+    assert (rec["status"], rec["detail"]) == ("skip", "not checked: the engine does not answer")
+
+
+def test_running_fail_lists_the_problems_and_how_to_recreate():
+    rec = cc.running_record(dict(RUN, problems=["not running", "image differs"]))
+    assert (rec["status"], rec["detail"]) == ("fail", "trainyard-job: not running; image differs")
+    assert rec["fix"] == "Run site.yml (container role) to create trainyard-job with the wanted configuration"
+    rec = cc.running_record(dict(RUN, problems=["not running"], run_ran=True, run_msg="Error  response\n from daemon"))
+    assert rec["detail"] == "trainyard-job: not running (start failed: Error response from daemon)"
+    assert rec["fix"] == ("Fix the cause above and rerun site.yml; it recreates trainyard-job when its configuration "
+                          "changed (docker logs trainyard-job on the node)")
+
+
+def test_running_fail_on_ulimits_names_the_engine_limits():
+    rec = cc.running_record(dict(RUN, problems=["not running"], run_ran=True,
+                                 run_msg="setrlimit(RLIMIT_MEMLOCK): operation not permitted: rlimit"))
+    assert rec["fix"] == ("The engine may not raise these ulimits (memlock=-1:-1, stack=67108864:67108864): run dockerd "
+                          "with LimitMEMLOCK=infinity and LimitSTACK=infinity (docker.service), or lower "
+                          "container_ulimits")
+
+
+def test_manifest_digest_of_one_manifest_or_a_platform_list():
+    one = '{"Descriptor": {"digest": "sha256:aaa"}}'
+    many = ('[{"Descriptor": {"digest": "sha256:arm", "platform": {"architecture": "arm64"}}},'
+            ' {"Descriptor": {"digest": "sha256:amd", "platform": {"architecture": "amd64"}}}]')
+    assert cc.manifest_digest(one) == "sha256:aaa"
+    assert cc.manifest_digest(many) == "sha256:amd"
+    assert cc.manifest_digest('[{"Descriptor": {"digest": "sha256:arm"}}]') == "sha256:arm"
+    assert cc.manifest_digest("") == cc.manifest_digest("[]") == cc.manifest_digest("not json") == "?"
+
+
+def test_registry_reach_pass_and_fail():
+    ok = cc.registry_reach_record({"rc": 0, "stdout": '{"Descriptor": {"digest": "sha256:aaa"}}'},
+                                  "reg:5000/t/train:1", "reg:5000")
+    assert ok["check"] == "container.registry_reach" and ok["ok"] is True
+    assert ok["detail"] == "reg:5000/t/train:1 is in the registry, digest sha256:aaa"
+    assert ok["data"] == {"registry_digest": "sha256:aaa"}
+    bad = cc.registry_reach_record({"rc": 1, "stderr": "Get https://reg:5000/v2/:\n  http: server gave HTTP"},
+                                   "reg:5000/t/train:1", "reg:5000")
+    assert bad["ok"] is False and bad["data"] == {"registry_digest": None}
+    assert bad["detail"] == ("the run would pull reg:5000/t/train:1 but this node cannot read it from the registry: "
+                             "Get https://reg:5000/v2/: http: server gave HTTP")
+    assert bad["fix"].startswith("Make the registry (reg:5000) reachable from this node")
+    assert cf.FilterModule().filters()["container_registry_reach_record"] is cc.registry_reach_record
+    assert cc.registry_reach_record(None, "i", "r")["detail"].endswith("from the registry: ?")
