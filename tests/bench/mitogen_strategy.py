@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests/integration"))
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import SimCluster, parse_recap, sim_down, sim_up  # noqa: E402
+from helpers import SimCluster, parse_recap, sim_down, sim_up  # noqa: E402
 from reset import JOB, crash, launch, load, token_procs  # noqa: E402
 
 RAW = REPO / "docs/benchmarks-mitogen.json"

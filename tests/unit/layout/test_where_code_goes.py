@@ -38,6 +38,7 @@ HOMES = {
     "filter_plugins": "filter_plugins",
     "callback_plugins": "callback_plugins",
     "inventory_plugins": "inventory_plugins",
+    "strategy_plugins": "strategy_plugins",
 }
 # Directory names Ansible reads as each kind (in a role, a playbook's directory or a collection).
 KIND_DIRS = {
@@ -49,7 +50,8 @@ KIND_DIRS = {
     "filter_plugins": {"filter_plugins", "filter"},
     "callback_plugins": {"callback_plugins", "callback"},
     "inventory_plugins": {"inventory_plugins", "inventory"},
-    "other": {"lookup_plugins", "lookup", "test_plugins", "test", "vars_plugins", "vars", "strategy_plugins",
+    "strategy_plugins": {"strategy_plugins", "strategy"},
+    "other": {"lookup_plugins", "lookup", "test_plugins", "test", "vars_plugins", "vars",
               "connection_plugins", "become_plugins", "cache_plugins", "shell_plugins", "terminal_plugins",
               "cliconf_plugins", "httpapi_plugins", "netconf_plugins"},
 }

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import BIN, REPO
+from helpers import BIN, REPO
 
 PLAY = """
 - hosts: localhost

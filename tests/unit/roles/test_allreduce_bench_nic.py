@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import load
+from helpers import load
 
 bench = load("roles/nccl_check/files/allreduce_bench.py", "allreduce_bench")
 
