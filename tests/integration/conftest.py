@@ -179,9 +179,9 @@ class SimCluster:
         return int(self.exec(node, ["cat", f"/sys/class/net/{iface}/mtu"]).stdout)
 
 
-def sim_up(name: str, nodes: int = 3, mtu: int = 9000) -> SimCluster:
-    subprocess.run([*SIM, "up", "--name", name, "--nodes", str(nodes), "--data-mtu", str(mtu)], check=True,
-                   cwd=REPO)
+def sim_up(name: str, nodes: int = 3, mtu: int = 9000, slurm: bool = False) -> SimCluster:
+    subprocess.run([*SIM, "up", "--name", name, "--nodes", str(nodes), "--data-mtu", str(mtu),
+                    *(["--slurm"] if slurm else [])], check=True, cwd=REPO)
     return SimCluster(name)
 
 
@@ -207,10 +207,10 @@ def cluster() -> SimCluster:
 def make_cluster():
     made: list[str] = []
 
-    def _make(name: str, nodes: int = 3, mtu: int = 9000) -> SimCluster:
+    def _make(name: str, nodes: int = 3, mtu: int = 9000, slurm: bool = False) -> SimCluster:
         name = os.environ.get("TY_SIM_PREFIX", "") + name  # parallel sessions on one engine keep apart
         made.append(name)
-        return sim_up(name, nodes, mtu)
+        return sim_up(name, nodes, mtu, slurm)
 
     yield _make
     for name in made:
