@@ -228,6 +228,10 @@ state:
   description: This node's state for status.yml (running, finished, failed, absent).
   returned: status
   type: str
+workers:
+  description: Rank processes torchrun runs on this node now (the job's processes, found by its launch token).
+  returned: status
+  type: int
 failure:
   description: torchrun's first failure in this node's log (rank, local_rank, exitcode, signal, traceback), or null.
   returned: status
@@ -309,20 +313,26 @@ class SlurmJob(object):
                 self.fail("; ".join(problems))
             file_envs.append(env)
         env = tr.merge_env(file_envs, extra, p["resume_from"] or None)
+        try:
+            env_text = sl.env_file_text(env)
+        except sl.SlurmError as e:
+            self.fail(str(e))
+        env_path = os.path.join(self.sub, sl.ENV_FILE)
         spec = {"job": self.job, "node_rank": p["node_rank"], "container": p["container"], "docker": p["docker"],
-                "argv": command, "env": env, "secret_env_file": p["secret_env_file"] or "", "chdir": p["chdir"],
-                "log": self.log}
-        shown = runner.docker_argv(dict(spec, env=tr.redact_env(env)), "slurm-<job id>")
+                "argv": command, "env_file": env_path, "secret_env_file": p["secret_env_file"] or "",
+                "chdir": p["chdir"], "log": self.log}
+        shown = runner.docker_argv(spec, "slurm-<job id>")
         self.result.update(argv=shown, command_line=tr.shell_quote(shown), resume_from=p["resume_from"],
-                           node_rank=p["node_rank"])
+                           node_rank=p["node_rank"], env=tr.redact_env(env))
         text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
         source = "#!%s\n%s" % (p["python"], inspect.getsource(runner))
-        if self.differs(self.node_spec, text) or self.differs(self.script, source):
+        if self.differs(self.node_spec, text) or self.differs(self.script, source) or self.differs(env_path, env_text):
             self.result["changed"] = True
             if not self.m.check_mode:
                 for d, mode in ((self.dir, 0o750), (self.sub, 0o700), (self.rw, 0o755)):
                     if not os.path.isdir(d):
                         os.makedirs(d, mode)
+                tr.write_atomic(env_path, env_text, 0o600)
                 tr.write_atomic(self.node_spec, text, 0o600)
                 tr.write_atomic(self.script, source, 0o700)
         return self.result
@@ -432,10 +442,12 @@ class SlurmJob(object):
         except tr.LaunchError as e:
             self.fail(str(e))
         exit_code = sl.node_exit(text)
+        stats = [pg.read_stat(pid) for pid in runner.token_holders("slurm-%s" % job_id)]
+        workers = sl.workers([(st.pid, st.ppid) for st in stats if st is not None])
         state = sl.node_state(slurm_state or "UNKNOWN", exit_code, failure)
         self.result.update(job_id=job_id, slurm_state=slurm_state, slurm_reason=reason, state=state,
                            node_rank=spec.get("node_rank"), failure=failure, exit={"exitcode": exit_code},
-                           last_log_line=tr.last_line(text), marker_line=marker, pid=None, workers=None)
+                           last_log_line=tr.last_line(text), marker_line=marker, pid=None, workers=workers)
         if state != "running" or failure:
             self.result["log_tail"] = tr.failure_tail(text, self.p["log_lines"]) if failure else \
                 tr.log_tail(text, self.p["log_lines"])

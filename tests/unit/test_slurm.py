@@ -97,14 +97,26 @@ def test_node_exit_is_the_runners_last_line():
 
 
 # ---------------------------------------------------------------- the runner
-def test_docker_exec_argv_is_a_list_with_the_token_and_secrets_by_file():
+def test_docker_exec_argv_is_a_list_with_the_token_and_the_environment_by_file():
     spec = {"container": "trainyard-train", "argv": ["torchrun", "--nnodes=3", "/srv/code/x.py", "; rm -rf /"],
-            "env": {"NCCL_SOCKET_IFNAME": "eth1", "A": "$(id)"}, "secret_env_file": "/run/trainyard/train/secret.env",
+            "env_file": "/s/train/slurm/job.env", "secret_env_file": "/run/trainyard/train/secret.env",
             "chdir": "/srv/code"}
     argv = runner.docker_argv(spec, "slurm-42")
-    assert argv == ["docker", "exec", "--env-file", "/run/trainyard/train/secret.env", "-e", "A=$(id)",
-                    "-e", "NCCL_SOCKET_IFNAME=eth1", "-e", "TRAINYARD_LAUNCH_ID=slurm-42", "-w", "/srv/code",
+    assert argv == ["docker", "exec", "--env-file", "/s/train/slurm/job.env", "--env-file",
+                    "/run/trainyard/train/secret.env", "-e", "TRAINYARD_LAUNCH_ID=slurm-42", "-w", "/srv/code",
                     "trainyard-train", "torchrun", "--nnodes=3", "/srv/code/x.py", "; rm -rf /"]
+
+
+def test_env_file_is_literal_and_refuses_line_breaks():
+    assert sl.env_file_text({"B": "$(id) 'q'", "A": "1"}) == "A=1\nB=$(id) 'q'\n"
+    with pytest.raises(sl.SlurmError, match="X hold a line break"):
+        sl.env_file_text({"X": "a\nB=2"})
+
+
+def test_workers_are_torchruns_direct_children():
+    # 10: torchrun (its parent, docker's shim, is not the job's); 11, 12: ranks; 13: a rank's own child.
+    assert sl.workers([(10, 5), (11, 10), (12, 10), (13, 11)]) == 2
+    assert sl.workers([]) == 0
 
 
 def test_srun_argv_runs_the_node_local_copy_once_per_node():
@@ -176,7 +188,9 @@ def test_prepared_writes_a_host_only_task_and_reports_the_command(tmp_path):
     assert "--node_rank=2" in res["argv"] and res["argv"][-2:] == ["--resume", "/srv/outputs/checkpoint-10"]
     spec_path = tmp_path / "state/train/slurm/node.json"
     spec = json.loads(spec_path.read_text())
-    assert spec["env"]["TRAINYARD_RESUME_FROM"] == "/srv/outputs/checkpoint-10" and spec["node_rank"] == 2
+    env_text = (tmp_path / "state/train/slurm/job.env").read_text()
+    assert "TRAINYARD_RESUME_FROM=/srv/outputs/checkpoint-10\n" in env_text and spec["node_rank"] == 2
+    assert "HF_TOKEN=abc\n" in env_text and res["env"]["HF_TOKEN"] != "abc"  # on the node only, never in a result
     assert oct(spec_path.stat().st_mode & 0o777) == "0o600"
     assert oct((tmp_path / "state/train/slurm").stat().st_mode & 0o777) == "0o700"
     assert (tmp_path / "state/train/slurm/slurm_node.py").read_text().startswith("#!/usr/bin/python3\n")

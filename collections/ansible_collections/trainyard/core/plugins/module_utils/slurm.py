@@ -19,6 +19,7 @@ RUNNER_FILE = "slurm_node.py"
 NODE_SPEC_FILE = "node.json"
 BATCH_SPEC_FILE = "batch.json"
 LOG_FILE = "slurm.log"
+ENV_FILE = "job.env"
 EXIT_LINE = re.compile(r"^trainyard: torchrun on this node exited with (-?\d+)$", re.M)
 # Slurm job states (squeue %T / scontrol JobState) by what they mean for the job.
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
@@ -34,8 +35,8 @@ class SlurmError(ValueError):
 def check_nodes(option, names):
     bad = [n for n in names if not _NODE_NAME.match(str(n))]
     if bad:
-        raise SlurmError("%s: %s not a Slurm node name (letters, digits, '_', '.', '-'); set launch_slurm_node_name "
-                         "per host to the name sinfo shows" % (option, ", ".join(map(repr, bad))))
+        raise SlurmError("%s: %s not a Slurm node name (letters, digits, '_', '.', '-'); set launch_slurm_node_names "
+                         "(inventory host: Slurm name) to the names sinfo -N shows" % (option, ", ".join(map(repr, bad))))
     return [str(n) for n in names]
 
 
@@ -115,6 +116,24 @@ def node_state(slurm_state, exit_code, failure):
     if st in ACTIVE:
         return "failed" if failure else "running"
     return "finished" if st == "COMPLETED" else "failed"
+
+
+def env_file_text(env):
+    """The job's environment as docker --env-file reads it (KEY=value, literal); a value docker cannot carry on one
+    line is an error naming the variable."""
+    bad = sorted(k for k, v in env.items() if "\n" in str(v) or "\r" in str(v) or "\0" in str(v))
+    if bad:
+        raise SlurmError("environment variable(s) %s hold a line break, which docker --env-file cannot carry: make "
+                         "each value one line (launch_env, the env files)" % ", ".join(bad))
+    return "".join("%s=%s\n" % (k, env[k]) for k in sorted(env))
+
+
+def workers(stats):
+    """How many rank processes torchrun started: stats are (pid, ppid) of the job's processes on the node (its token
+    holders); torchrun is the holder whose parent is not one, its ranks its direct children."""
+    pids = set(pid for pid, _ in stats)
+    roots = set(pid for pid, ppid in stats if ppid not in pids)
+    return len([pid for pid, ppid in stats if ppid in roots])
 
 
 def record(job, job_id, submitted_at, nodes, exclude, argv):

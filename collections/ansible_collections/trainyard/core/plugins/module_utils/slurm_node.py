@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -92,13 +93,13 @@ def watchdog(parent, token):
 
 
 def docker_argv(spec, token):
-    """docker exec for this node's torchrun: the environment as -e pairs, secrets by --env-file (docker reads that
-    file on the host), the working directory, then the container and the torchrun argv."""
+    """docker exec for this node's torchrun: the environment and the secrets by --env-file (host-only files docker
+    reads on the host: no value on a command line, where `ps` shows it), the token, the working directory, then the
+    container and the torchrun argv."""
     argv = [spec.get("docker") or "docker", "exec"]
-    if spec.get("secret_env_file"):
-        argv += ["--env-file", spec["secret_env_file"]]
-    for key in sorted(spec.get("env") or {}):
-        argv += ["-e", "%s=%s" % (key, spec["env"][key])]
+    for key in ("env_file", "secret_env_file"):
+        if spec.get(key):
+            argv += ["--env-file", spec[key]]
     argv += ["-e", "%s=%s" % (TOKEN_ENV, token)]
     if spec.get("chdir"):
         argv += ["-w", spec["chdir"]]
@@ -112,10 +113,25 @@ def srun_argv(spec, script, node_spec):
             + [spec.get("python") or sys.executable, script, "node", node_spec])
 
 
+def open_log(path):
+    """This run's log in the job-writable directory: the previous run's moved to <log>.1 (a rename: nothing followed),
+    then a new regular file opened without following a link the job may have planted (O_NOFOLLOW, O_NONBLOCK against
+    a FIFO, a regular file only)."""
+    try:
+        os.rename(path, path + ".1")
+    except OSError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SystemExit("%s is not a regular file: remove it (ansible-playbook reset.yml)" % path)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
 def run_node(spec_path):
     spec = load(spec_path)
     token = "slurm-%s" % os.environ.get("SLURM_JOB_ID", "0")
-    log = open(spec["log"], "ab", buffering=0)
+    log = open_log(spec["log"])
     log.write(("trainyard: slurm job %s step %s on %s, node rank %s\n" % (
         os.environ.get("SLURM_JOB_ID", "?"), os.environ.get("SLURM_STEP_ID", "?"),
         os.environ.get("SLURMD_NODENAME", "?"), spec.get("node_rank"))).encode())

@@ -1,0 +1,163 @@
+"""launch_backend slurm on a 3-node simulated cluster with a real Slurm (simcluster.py up --slurm: slurmctld on the
+head, slurmd and munge on every node, Debian's Slurm 22.05).
+
+In order, on one cluster: another user's Slurm job (a decoy, `sbatch --wrap "sleep 600"` as SLURM_OTHER_USER) is
+submitted first → site.yml runs every check and render, then submits the job: Slurm runs it on the 3 nodes and every
+rank trains its first steps → a killed rank is named by status.yml and the job ends in Slurm → relaunch (the launch
+play) resumes from the last complete checkpoint as a new Slurm job → reset.yml cancels this job only: the decoy
+still runs, no process of the job is left on any node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from conftest import sim_down, sim_up, wait_until
+
+STATE = "/var/lib/trainyard/train"
+LOG = f"{STATE}/job-rw/torchrun.log"
+OUT = "/srv/outputs"
+# The example's options through the render play (role train_args), as a user sets them.
+OPTIONS = {"--steps": 5000, "--save-every": 5, "--sleep": 0.3, "--output-root": OUT}
+EXTRA = ["-e", "launch_backend=slurm", "-e", json.dumps({"train_args_options": OPTIONS, "launch_wait_for": "first_step",
+                                                         "launch_wait_timeout": 600})]
+# The launch play alone (site.yml --tags launch) has no render play: the same example arguments and the nccl.env the
+# first run rendered on the nodes.
+RELAUNCH = [*EXTRA, "-e", json.dumps({"launch_example_argv": ["--steps", "5000", "--save-every", "5", "--sleep", "0.3",
+                                                               "--output-root", OUT],
+                                      "launch_env_files": [f"{STATE}/job-ro/nccl.env"]})]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    name = os.environ.get("TY_SIM_PREFIX", "") + "slurm"
+    c = sim_up(name, 3, slurm=True)
+    try:
+        yield c
+    finally:
+        sim_down(name)
+
+
+def sq(cluster, *args) -> str:
+    return cluster.exec(cluster.head, ["squeue", "-h", *args]).stdout
+
+
+def job_state(cluster, job_id) -> str:
+    out = cluster.exec(cluster.head, ["scontrol", "show", "job", "-o", job_id], check=False).stdout
+    m = re.search(r"\bJobState=(\S+)", out)
+    return m.group(1) if m else ""
+
+
+def record(cluster) -> dict | None:
+    r = cluster.exec(cluster.head, ["cat", f"{STATE}/slurm.json"], check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def log_of(cluster, node) -> str:
+    return cluster.exec(node, ["cat", LOG], check=False).stdout
+
+
+def ranks(cluster, node) -> list[int]:
+    """PIDs of the example's rank processes on the node (python running ddp_train.py, not torchrun)."""
+    out = cluster.exec(node, ["ps", "-eo", "pid=,args="]).stdout
+    return [int(line.split(None, 1)[0]) for line in out.splitlines()
+            if "ddp_train.py" in line and "torchrun" not in line and "docker exec" not in line
+            and "slurm_node.py" not in line]
+
+
+def latest_complete(cluster) -> int:
+    out = cluster.exec(cluster.head, ["sh", "-c", f"ls -d {OUT}/checkpoint-*/trainer_state.json 2>/dev/null"],
+                       check=False).stdout
+    steps = [int(m) for m in re.findall(r"checkpoint-(\d+)/", out)]
+    return max(steps) if steps else 0
+
+
+@pytest.fixture(scope="module")
+def decoy(cluster):
+    """Another user's Slurm job on the head node, submitted before the product's job."""
+    user = cluster.meta["slurm_other_user"]
+    r = cluster.exec(cluster.head, ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--chdir=/home/{user}",
+                                    f"--nodelist={cluster.head}", "--job-name=not-trainyard", "--wrap", "sleep 600"])
+    job_id = r.stdout.strip().split(";")[0]
+    assert wait_until(lambda: job_state(cluster, job_id) == "RUNNING", 60), job_state(cluster, job_id)
+    yield job_id
+    cluster.exec(cluster.head, ["scancel", job_id], check=False)
+
+
+def test_site_submits_the_job_and_it_trains_across_three_nodes(cluster, decoy):
+    r = cluster.playbook("site.yml", *EXTRA, timeout=1500)
+    assert r.returncode == 0, r.stdout[-5000:]
+    rec = record(cluster)
+    assert rec and rec["nodes"] == cluster.nodes and rec["exclude"] == [], rec
+    assert f"Slurm job {rec['job_id']} " in r.stdout
+    assert job_state(cluster, rec["job_id"]) == "RUNNING"
+    assert sq(cluster, "-j", rec["job_id"], "-o", "%N %D").split()[1] == "3"
+    for rank, node in enumerate(cluster.nodes):
+        log = log_of(cluster, node)
+        assert f"trainyard: slurm job {rec['job_id']} step 0 on {node}, node rank {rank}" in log, log[-2000:]
+        assert f"trainyard: rendezvous done rank={rank} world=3" in log, log[-2000:]
+        assert "trainyard: first step done" in log, log[-2000:]
+    assert job_state(cluster, decoy) == "RUNNING"
+
+
+def test_status_reports_every_node_running(cluster):
+    r = cluster.playbook("playbooks/status.yml", "-e", "launch_backend=slurm")
+    assert r.returncode == 0, r.stdout[-4000:]
+    for rank, node in enumerate(cluster.nodes):
+        assert re.search(rf"{node}\s+rank {rank}\s+running", r.stdout), r.stdout[-4000:]
+
+
+def test_a_killed_rank_is_named_and_the_slurm_job_ends(cluster):
+    job_id = record(cluster)["job_id"]
+    assert wait_until(lambda: latest_complete(cluster) >= 5, 300), log_of(cluster, cluster.head)[-2000:]
+    victim = cluster.nodes[1]
+    pids = ranks(cluster, victim)
+    assert len(pids) == 1, pids
+    cluster.exec(victim, ["kill", "-9", str(pids[0])])
+    assert wait_until(lambda: job_state(cluster, job_id) not in ("RUNNING", "COMPLETING", ""), 300), \
+        job_state(cluster, job_id)
+    assert job_state(cluster, job_id) == "FAILED"
+    # the other nodes' tasks ended their ranks in the container (by the job's token) when Slurm ended the step
+    assert wait_until(lambda: not any(ranks(cluster, n) for n in cluster.nodes), 120), \
+        {n: ranks(cluster, n) for n in cluster.nodes}
+    r = cluster.playbook("playbooks/status.yml", "-e", "launch_backend=slurm")
+    assert r.returncode != 0
+    assert f"first failure: node {victim} (node rank 1), rank 1 (local rank 0), exit code -9 (SIGKILL)" in r.stdout, \
+        r.stdout[-4000:]
+
+
+def test_relaunch_resumes_from_the_last_complete_checkpoint_as_a_new_slurm_job(cluster, decoy):
+    old = record(cluster)["job_id"]
+    ckpt = latest_complete(cluster)
+    assert ckpt >= 5
+    r = cluster.playbook("site.yml", "--tags", "launch", *RELAUNCH, timeout=900)
+    assert r.returncode == 0, r.stdout[-5000:]
+    new = record(cluster)["job_id"]
+    assert new != old and job_state(cluster, new) == "RUNNING"
+    assert f"resume from {OUT}/checkpoint-{ckpt}," in r.stdout, r.stdout[-3000:]
+    line = f"trainyard: resumed from {OUT}/checkpoint-{ckpt} at step {ckpt}"
+    assert wait_until(lambda: line in log_of(cluster, cluster.head), 300), log_of(cluster, cluster.head)[-2000:]
+    for node in cluster.nodes:
+        assert wait_until(lambda: f"first step done step={ckpt + 1}" in log_of(cluster, node), 300), \
+            log_of(cluster, node)[-2000:]
+    assert job_state(cluster, decoy) == "RUNNING"
+
+
+def test_reset_cancels_this_job_only(cluster, decoy):
+    job_id = record(cluster)["job_id"]
+    r = cluster.playbook("reset.yml", "-e", "reset_confirm=true", "-e", "launch_backend=slurm")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert job_state(cluster, job_id) == "CANCELLED", job_state(cluster, job_id)
+    assert job_state(cluster, decoy) == "RUNNING"
+    assert sq(cluster, "-o", "%i").split() == [decoy]
+    for node in cluster.nodes:
+        assert ranks(cluster, node) == [], node
+        ps = cluster.exec(node, ["ps", "-eo", "args="]).stdout
+        assert "torchrun --nnodes" not in ps and "slurm_node.py" not in ps, ps
+    assert record(cluster) is None  # reset removed the job's host-only state, the record with it
+    r = cluster.playbook("reset.yml", "-e", "reset_confirm=true", "-e", "launch_backend=slurm")
+    assert r.returncode == 0 and job_state(cluster, decoy) == "RUNNING", r.stdout[-3000:]
