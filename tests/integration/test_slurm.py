@@ -17,6 +17,7 @@ import re
 import pytest
 
 from conftest import sim_down, sim_up, wait_until
+from test_launch import latest_complete  # the head's newest checkpoint with its trainer_state.json
 
 STATE = "/var/lib/trainyard/train"
 LOG = f"{STATE}/job-rw/torchrun.log"
@@ -67,13 +68,6 @@ def ranks(cluster, node) -> list[int]:
     return [int(line.split(None, 1)[0]) for line in out.splitlines()
             if "ddp_train.py" in line and "torchrun" not in line and "docker exec" not in line
             and "slurm_node.py" not in line]
-
-
-def latest_complete(cluster) -> int:
-    out = cluster.exec(cluster.head, ["sh", "-c", f"ls -d {OUT}/checkpoint-*/trainer_state.json 2>/dev/null"],
-                       check=False).stdout
-    steps = [int(m) for m in re.findall(r"checkpoint-(\d+)/", out)]
-    return max(steps) if steps else 0
 
 
 @pytest.fixture(scope="module")
