@@ -2,9 +2,10 @@
 head, slurmd and munge on every node, Debian's Slurm 22.05).
 
 In order, on one cluster: another user's Slurm job (a decoy, `sbatch --wrap "sleep 600"` as SLURM_OTHER_USER) is
-submitted first → site.yml runs every check and render, then submits the job: Slurm runs it on the 3 nodes and every
+submitted first → a node Slurm does not know stops site.yml before any host changes → site.yml runs every check and render, then submits the job: Slurm runs it on the 3 nodes and every
 rank trains its first steps → a killed rank is named by status.yml and the job ends in Slurm → relaunch (the launch
-play) resumes from the last complete checkpoint as a new Slurm job → reset.yml cancels this job only: the decoy
+play) resumes from the last complete checkpoint as a new Slurm job → export.yml writes the hand-off, its prolog passes on a
+proven node and names a drifted MTU → reset.yml cancels this job only: the decoy
 still runs, no process of the job is left on any node.
 """
 
@@ -13,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
-from conftest import sim_down, sim_up, wait_until
+from conftest import REPO, SimCluster, sim_down, sim_up, wait_until
 from test_launch import latest_complete  # the head's newest checkpoint with its trainer_state.json
 
 STATE = "/var/lib/trainyard/train"
@@ -36,6 +38,9 @@ RELAUNCH = [*EXTRA, "-e", json.dumps({"launch_example_argv": ["--steps", "5000",
 @pytest.fixture(scope="module")
 def cluster():
     name = os.environ.get("TY_SIM_PREFIX", "") + "slurm"
+    if os.environ.get("TY_SIM_REUSE") == "1" and (REPO / ".sim" / name / "cluster.json").exists():
+        yield SimCluster(name)
+        return
     c = sim_up(name, 3, slurm=True)
     try:
         yield c
@@ -72,14 +77,27 @@ def ranks(cluster, node) -> list[int]:
 
 @pytest.fixture(scope="module")
 def decoy(cluster):
-    """Another user's Slurm job on the head node, submitted before the product's job."""
+    """Another user's Slurm job on the head node, submitted before the product's job (an hour long: site.yml on a
+    busy 2-core machine takes minutes)."""
     user = cluster.meta["slurm_other_user"]
     r = cluster.exec(cluster.head, ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--chdir=/home/{user}",
-                                    f"--nodelist={cluster.head}", "--job-name=not-trainyard", "--wrap", "sleep 600"])
+                                    f"--nodelist={cluster.head}", "--job-name=not-trainyard", "--wrap", "sleep 3600"])
     job_id = r.stdout.strip().split(";")[0]
     assert wait_until(lambda: job_state(cluster, job_id) == "RUNNING", 60), job_state(cluster, job_id)
     yield job_id
     cluster.exec(cluster.head, ["scancel", job_id], check=False)
+
+
+def test_a_node_slurm_does_not_know_stops_the_run_before_any_host_changes(cluster):
+    names = {"launch_slurm_node_names": {cluster.nodes[2]: "gpu-999"}}
+    r = cluster.playbook("site.yml", "-e", "launch_backend=slurm", "-e", json.dumps(names))
+    assert r.returncode != 0
+    assert (f"Stop if launch_backend is slurm and Slurm (sinfo on {cluster.head}) does not know the node(s) gpu-999"
+            in r.stdout), r.stdout[-3000:]
+    assert "Take the cluster lock" not in r.stdout  # stopped in the validate play: nothing on a node changed
+    r = cluster.playbook("site.yml", "-e", "launch_backend=slurm", "-e", "launch_runtime=host")
+    assert r.returncode != 0 and "Stop if launch_backend is slurm while launch_runtime is not docker" in r.stdout
+    assert "Ask sbatch for its version" not in r.stdout  # the inventory rule stops it before any host is contacted
 
 
 def test_site_submits_the_job_and_it_trains_across_three_nodes(cluster, decoy):
@@ -139,6 +157,31 @@ def test_relaunch_resumes_from_the_last_complete_checkpoint_as_a_new_slurm_job(c
         assert wait_until(lambda: f"first step done step={ckpt + 1}" in log_of(cluster, node), 300), \
             log_of(cluster, node)[-2000:]
     assert job_state(cluster, decoy) == "RUNNING"
+
+
+def test_export_writes_the_hand_off_and_the_prolog_passes_on_a_proven_node(cluster, tmp_path):
+    r = cluster.playbook("playbooks/export.yml", "-e", f"export_dir={tmp_path}", "-e", "launch_backend=slurm")
+    assert r.returncode == 0, r.stdout[-3000:]
+    script = (tmp_path / "sbatch-train.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(tmp_path / "sbatch-train.sh")]).returncode == 0
+    assert f"#SBATCH --nodelist={','.join(cluster.nodes)}" in script and "export NCCL_SOCKET_IFNAME=eth1" in script
+    health = json.loads((tmp_path / "trainyard-health.json").read_text())
+    for node in cluster.nodes:
+        pinned = health["nodes"][node]
+        assert pinned["gpu_count"] == 4 and pinned["data_iface"] == "eth1" and pinned["data_mtu"] == 9000, pinned
+        assert pinned["driver_version"] and pinned["fabricmanager_version"], pinned
+    head = cluster.head
+    for f in ("trainyard-prolog.py", "trainyard-health.json"):
+        subprocess.run(["docker", "cp", str(tmp_path / f), f"{head}:/etc/slurm/{f}"], check=True)
+    ok = cluster.exec(head, ["env", f"SLURMD_NODENAME={head}", "python3", "/etc/slurm/trainyard-prolog.py"], check=False)
+    assert ok.returncode == 0, ok.stderr
+    cluster.exec(head, ["ip", "link", "set", "eth1", "mtu", "1500"])
+    try:
+        bad = cluster.exec(head, ["env", f"SLURMD_NODENAME={head}", "python3", "/etc/slurm/trainyard-prolog.py"],
+                           check=False)
+        assert bad.returncode == 1 and "data_mtu on eth1 is 1500, the run proved 9000" in bad.stderr, bad.stderr
+    finally:
+        cluster.exec(head, ["ip", "link", "set", "eth1", "mtu", "9000"])
 
 
 def test_reset_cancels_this_job_only(cluster, decoy):
