@@ -21,7 +21,8 @@ description:
     node's own log C(<state_root>/<job>/job-rw/slurm.log): running / finished / failed with torchrun's first failure
     (rank, exit code, signal), in the shape torchrun_launch's status returns."
   - "C(state=cancelled), on the head: C(scancel) of the recorded job id only, then waits until Slurm no longer runs
-    it. Another job of Slurm, whoever submitted it, is never touched."
+    it and removes the record (a recorded job that already ended: only the record is removed). Another job of
+    Slurm, whoever submitted it, is never touched."
   - "C(state=collected), read-only, on every node: the Slurm files of the job for collect.yml, in job_collect's
     I(files) shape: the record C(slurm.json) and the batch output C(slurm-<id>.out) (on the head), and Slurm's own
     view C(scontrol show job). Read without following links, each capped at I(file_max_bytes)."
@@ -461,11 +462,13 @@ class SlurmJob(object):
             return self.result
         job_id = rec["job_id"]
         state, reason = self.slurm_state(job_id)
-        self.result.update(job_id=job_id, slurm_state=state)
+        self.result.update(job_id=job_id, slurm_state=state, changed=True)
         if not sl.is_active(state):
-            self.result["msg"] = "Slurm job %s of %s is %s: nothing to cancel" % (job_id, self.job, state or "gone")
+            self.result["msg"] = "Slurm job %s of %s is %s: nothing to cancel, record removed" % (
+                job_id, self.job, state or "gone")
+            if not self.m.check_mode:
+                os.unlink(self.record_path)
             return self.result
-        self.result["changed"] = True
         if self.m.check_mode:
             return self.result
         rc, out, err = self.run(["scancel", job_id])
@@ -481,6 +484,7 @@ class SlurmJob(object):
         if sl.is_active(state):
             self.fail("Slurm job %s is still %s %d s after scancel: see `scontrol show job %s` and the slurmd log "
                       "of its nodes" % (job_id, state, self.p["stop_timeout"], job_id))
+        os.unlink(self.record_path)  # the job is over: the next launch submits afresh, the next reset has nothing to do
         return self.result
 
 

@@ -195,6 +195,6 @@ def test_reset_cancels_this_job_only(cluster, decoy):
         assert ranks(cluster, node) == [], node
         ps = cluster.exec(node, ["ps", "-eo", "args="]).stdout
         assert "torchrun --nnodes" not in ps and "slurm_node.py" not in ps, ps
-    assert record(cluster) is None  # reset removed the job's host-only state, the record with it
+    assert record(cluster) is None  # the record goes with the job: the next reset has nothing to cancel
     r = cluster.playbook("reset.yml", "-e", "reset_confirm=true", "-e", "launch_backend=slurm")
     assert r.returncode == 0 and job_state(cluster, decoy) == "RUNNING", r.stdout[-3000:]
