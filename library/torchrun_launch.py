@@ -1090,21 +1090,10 @@ class Launch(object):
 
 def main():
     module = AnsibleModule(
-        argument_spec=pg.job_args(
+        argument_spec=pg.job_args(**tr.command_options(
             state=dict(type="str", default="started", choices=["started", "stopped", "status"]),
-            nnodes=dict(type="int"),
-            nproc_per_node=dict(type="int"),
-            node_rank=dict(type="int"),
-            master_addr=dict(type="str"),
-            master_port=dict(type="int", default=29500),
             rdzv_backend=dict(type="str", default="static", choices=["static", "c10d"]),
-            rdzv_id=dict(type="str", default=""),
             min_nnodes=dict(type="int", default=0),
-            max_restarts=dict(type="int", default=0),
-            torchrun=dict(type="list", elements="str", default=["torchrun"]),
-            extra_torchrun_args=dict(type="list", elements="str", default=[]),
-            entrypoint=dict(type="str"),
-            args=dict(type="list", elements="str", default=[]),
             env_files=dict(type="list", elements="path", default=[]),
             env=dict(type="dict", default={}),
             first_launch_env=dict(type="dict", default={}),
@@ -1129,7 +1118,7 @@ def main():
             rerun_finished=dict(type="bool", default=False),
             stop_timeout=dict(type="int", default=30),
             log_lines=dict(type="int", default=30),
-        ),
+        )),
         supports_check_mode=True,
     )
     launch = Launch(module)

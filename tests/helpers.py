@@ -262,9 +262,9 @@ class SimCluster:
         return int(self.exec(node, ["cat", f"/sys/class/net/{iface}/mtu"]).stdout)
 
 
-def sim_up(name: str, nodes: int = 3, mtu: int = 9000) -> SimCluster:
-    subprocess.run([*SIM, "up", "--name", name, "--nodes", str(nodes), "--data-mtu", str(mtu)], check=True,
-                   cwd=REPO)
+def sim_up(name: str, nodes: int = 3, mtu: int = 9000, slurm: bool = False) -> SimCluster:
+    subprocess.run([*SIM, "up", "--name", name, "--nodes", str(nodes), "--data-mtu", str(mtu),
+                    *(["--slurm"] if slurm else [])], check=True, cwd=REPO)
     return SimCluster(name)
 
 

@@ -44,10 +44,10 @@ def cluster() -> SimCluster:
 def make_cluster():
     made: list[str] = []
 
-    def _make(name: str, nodes: int = 3, mtu: int = 9000) -> SimCluster:
+    def _make(name: str, nodes: int = 3, mtu: int = 9000, slurm: bool = False) -> SimCluster:
         name = os.environ.get("TY_SIM_PREFIX", "") + name  # parallel sessions on one engine keep apart
         made.append(name)
-        return sim_up(name, nodes, mtu)
+        return sim_up(name, nodes, mtu, slurm)
 
     yield _make
     for name in made:

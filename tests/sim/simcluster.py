@@ -5,6 +5,7 @@
     simcluster.py up   --name ty --nodes 3 --data-mtu 9000
     simcluster.py up   --name ty --nodes 2 --kind plain --data-mtu 1450
     simcluster.py up   --name ty --nodes 64 --kind light
+    simcluster.py up   --name ty --nodes 3 --slurm   (the node kind with a real Slurm: slurmctld, slurmd, munge)
     simcluster.py down --name ty
     simcluster.py list
 
@@ -33,6 +34,15 @@ capabilities plus NET_ADMIN), on the same management and data networks as the de
 switches off, through the product's own variables, what needs an engine or torch on the node
 (container_enabled: false, launch_runtime: host, nccl_check_enabled: false); the launch play needs torch on the
 node, so runs on light nodes leave it out (--skip-tags launch). 64 light nodes fit on a 2-core, 24 GiB machine.
+
+`--slurm` (node kind only) runs the cluster on the slurm node image: the node image plus Debian's slurmctld, slurmd,
+slurm-client and munge (Slurm 22.05), built from the node image's recipe-tagged ref only when a Slurm cluster is
+asked for, so `make images` and the default clusters do not pay for it. The sim writes one munge key per cluster
+and a slurm.conf naming the cluster's nodes (by their management addresses) into every node; the node's init starts
+munged, slurmctld (head only) and slurmd once they are there (and again after a restart), as it starts the docker
+engine. No accounting daemon (slurmdbd needs a database): `sacct` answers "accounting storage is disabled" and a
+finished job stays in `scontrol show job` for MinJobAge (one hour). A second user (SLURM_OTHER_USER) exists on every
+node, to submit a job that is not the product's.
 
 Everything a cluster creates carries the label trainyard.sim=<name>; `down` removes exactly that.
 """
@@ -70,11 +80,32 @@ DEFAULT_NAME = "ty"
 PLAIN_IMAGE = "trainyard-sim-plain"
 LIGHT_IMAGE = "trainyard-sim-light"
 KINDS = ("node", "plain", "light")
+SLURM_IMAGE = "trainyard-sim-slurm"
+SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+SLURM_OTHER_USER = "tyother"
 VAST_FIXTURES = REPO / "tests/data/vast"
 
 NODE_INIT = """#!/bin/sh
 # Node init of the simulated cluster: this node's own docker engine, then sshd in the foreground.
 mkdir -p /run/sshd /var/log
+dockerd --storage-driver=overlay2 \\
+  --insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 \\
+  >/var/log/dockerd.log 2>&1 &
+exec /usr/sbin/sshd -D -e
+"""
+
+SLURM_INIT = """#!/bin/sh
+# Node init of a simulated Slurm node: once the sim has written the cluster's munge key and slurm.conf (they stay
+# across restarts), munged, slurmctld (on the node /etc/slurm/ctld-here marks) and slurmd start in the background;
+# then the node's docker engine and sshd, as on every simulated node.
+mkdir -p /run/sshd /var/log /var/log/slurm /var/spool/slurmd /var/spool/slurmctld /run/munge
+chown munge:munge /run/munge
+(
+  while [ ! -s /etc/slurm/slurm.conf ] || [ ! -s /etc/munge/munge.key ]; do sleep 0.2; done
+  runuser -u munge -- /usr/sbin/munged
+  if [ -f /etc/slurm/ctld-here ]; then /usr/sbin/slurmctld; fi
+  exec /usr/sbin/slurmd
+) >/var/log/slurm/init.log 2>&1 &
 dockerd --storage-driver=overlay2 \\
   --insecure-registry 172.16.0.0/12 --insecure-registry 198.51.100.0/24 \\
   >/var/log/dockerd.log 2>&1 &
@@ -216,6 +247,95 @@ def build_light_image() -> str:
     return ref
 
 
+def build_on(base: str, image: str, ref: str, init: str, steps: str, files: dict[str, str] | None = None,
+             network: str = "default") -> str:
+    """Build ref FROM base (a recipe-tagged ref): the node init, the given files in the context, steps (Dockerfile
+    lines), then the init as CMD; tag it image:latest. An existing ref is reused."""
+    if not image_exists(ref):
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            ctx = Path(tmp)
+            (ctx / "node-init").write_text(init)
+            (ctx / "node-init").chmod(0o755)
+            for name, text in (files or {}).items():
+                (ctx / name).write_text(text)
+            (ctx / "Dockerfile").write_text(
+                f"FROM {base}\nCOPY node-init /usr/local/sbin/node-init\n{steps}CMD [\"/usr/local/sbin/node-init\"]\n")
+            log(f"building {ref} from {base}")
+            docker("build", "-q", "--network", network, "-t", ref, str(ctx))
+    docker("tag", ref, f"{image}:latest")
+    return ref
+
+
+def build_slurm_image() -> str:
+    """The slurm node: the node image (by its recipe-tagged ref) plus Slurm and munge from Debian, its own init."""
+    node = build_node_image()
+    ref = f"{SLURM_IMAGE}:{recipe_hash(node, SLURM_PACKAGES, SLURM_INIT, SLURM_OTHER_USER, 'slurm-v1')}"
+    # The package mirror is reached on the host's network (the build's default bridge may not route to it).
+    return build_on(node, SLURM_IMAGE, ref, SLURM_INIT,
+                    "RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d"
+                    " && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"
+                    f" --no-install-recommends {' '.join(SLURM_PACKAGES)}"
+                    " && apt-get clean && rm -rf /var/lib/apt/lists/* /usr/sbin/policy-rc.d /etc/munge/munge.key"
+                    f" && useradd -m -u 2001 -s /bin/sh {SLURM_OTHER_USER}\n", network="host")
+
+
+def slurm_conf(name: str, nodes: list[str], mgmt_ips: list[str], cpus: int) -> str:
+    """The cluster's slurm.conf: the head runs slurmctld, every node slurmd; no cgroups, no accounting daemon."""
+    node_lines = "\n".join(f"NodeName={n} NodeAddr={ip} CPUs={cpus} State=UNKNOWN" for n, ip in zip(nodes, mgmt_ips))
+    return (
+        f"# Generated by tests/sim/simcluster.py for the simulated cluster '{name}'.\n"
+        f"ClusterName={name.lower().replace('-', '')[:30] or 'sim'}\n"
+        f"SlurmctldHost={nodes[0]}({mgmt_ips[0]})\n"
+        "SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
+        "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n"
+        "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
+        "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nSchedulerType=sched/backfill\n"
+        "MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nMinJobAge=3600\nKillWait=30\n"
+        "SlurmdTimeout=60\nInactiveLimit=0\n"
+        "StateSaveLocation=/var/spool/slurmctld\nSlurmdSpoolDir=/var/spool/slurmd\n"
+        "SlurmctldPidFile=/run/slurmctld.pid\nSlurmdPidFile=/run/slurmd.pid\n"
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log\nSlurmdLogFile=/var/log/slurm/slurmd.log\n"
+        f"{node_lines}\n"
+        "PartitionName=trainers Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+
+
+def provision_slurm(name: str, nodes: list[str], mgmt_ips: list[str]) -> None:
+    """One munge key for the cluster, the cluster's slurm.conf last (the node init waits for both)."""
+    key_path = state_dir(name) / "munge.key"
+    if not key_path.exists():
+        key_path.write_bytes(os.urandom(1024))
+        key_path.chmod(0o600)
+    conf = slurm_conf(name, nodes, mgmt_ips, os.cpu_count() or 1)
+
+    def one(node: str) -> None:
+        docker("exec", "-i", node, "sh", "-c",
+               "umask 077 && cat > /etc/munge/munge.key && chown munge:munge /etc/munge/munge.key "
+               "&& chmod 400 /etc/munge/munge.key", input=key_path.read_bytes().hex())
+        # munge reads the key as bytes: the hex text above is the key (2048 bytes), the same on every node.
+        if node == nodes[0]:
+            docker("exec", node, "touch", "/etc/slurm/ctld-here")
+        docker("exec", "-i", node, "sh", "-c", "cat > /etc/slurm/slurm.conf.new && mv /etc/slurm/slurm.conf.new "
+               "/etc/slurm/slurm.conf", input=conf)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, nodes))
+
+
+def wait_slurm(name: str, head: str, n: int, timeout: float = 120) -> None:
+    """Every node idle in sinfo on the head."""
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        r = docker("exec", head, "sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        out = r.stdout
+        states = [ln.split()[1] for ln in out.splitlines() if len(ln.split()) == 2]
+        if len(states) == n and all(s == "idle" for s in states):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"cluster '{name}': Slurm nodes not all idle after {timeout:.0f} s: {out.strip() or r.stderr}"
+                     f" (docker exec {head} cat /var/log/slurm/slurmctld.log)")
+
+
 def torch_wheel() -> Path | None:
     for d in ("/opt/wheels", str(REPO / ".cache/wheels")):
         for w in sorted(Path(d).glob("torch-2.13.0*cp311*.whl")) if Path(d).is_dir() else []:
@@ -289,24 +409,9 @@ def build_plain_image() -> str:
     Built on the training image's recipe-tagged ref (no second torch install); no docker engine, no systemd."""
     train = build_train_image()
     ref = f"{PLAIN_IMAGE}:{recipe_hash(train, PLAIN_INIT, SSHD_CONF, 'plain-v1')}"
-    if image_exists(ref):
-        docker("tag", ref, f"{PLAIN_IMAGE}:latest")
-        return ref
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        ctx = Path(tmp)
-        (ctx / "node-init").write_text(PLAIN_INIT)
-        (ctx / "node-init").chmod(0o755)
-        (ctx / "trainyard-sim.conf").write_text(SSHD_CONF)
-        (ctx / "Dockerfile").write_text(
-            f"FROM {train}\n"
-            "COPY node-init /usr/local/sbin/node-init\n"
-            "COPY trainyard-sim.conf /etc/ssh/sshd_config.d/trainyard-sim.conf\n"
-            "RUN rm -f /etc/ssh/ssh_host_* && ssh-keygen -A\n"
-            'CMD ["/usr/local/sbin/node-init"]\n')
-        log(f"building {ref} from {train}")
-        docker("build", "-q", "-t", ref, str(ctx))
-    docker("tag", ref, f"{PLAIN_IMAGE}:latest")
-    return ref
+    return build_on(train, PLAIN_IMAGE, ref, PLAIN_INIT,
+                    "COPY trainyard-sim.conf /etc/ssh/sshd_config.d/trainyard-sim.conf\n"
+                    "RUN rm -f /etc/ssh/ssh_host_* && ssh-keygen -A\n", {"trainyard-sim.conf": SSHD_CONF})
 
 
 def cmd_images(_args: argparse.Namespace) -> None:
@@ -615,7 +720,10 @@ def cmd_up(args: argparse.Namespace) -> None:
         up_plain(args, t0)
         return
     kind = getattr(args, "kind", "node")
-    node_image = build_light_image() if kind == "light" else build_node_image()
+    slurm = getattr(args, "slurm", False)
+    if slurm and kind != "node":
+        raise SystemExit(f"--slurm needs --kind node (the Slurm daemons run beside each node's engine), not {kind}")
+    node_image = build_light_image() if kind == "light" else build_slurm_image() if slurm else build_node_image()
     if kind == "node" and not args.no_train_image:
         build_train_image()
         push_train_image()
@@ -638,9 +746,17 @@ def cmd_up(args: argparse.Namespace) -> None:
         list(pool.map(lambda a: wait_ready(a[0], a[1], key, kind=kind), zip(nodes, mgmt_ips)))
     inv = write_inventory(name, nodes, mgmt_ips, data_ips, key, args.data_mtu, str(mgmt.network_address + 1),
                           kind)
+    if slurm:
+        provision_slurm(name, nodes, mgmt_ips)
+        wait_slurm(name, nodes[0], len(nodes))
+        meta_path = state_dir(name) / "cluster.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update(slurm=True, slurm_other_user=SLURM_OTHER_USER)
+        meta_path.write_text(json.dumps(meta, indent=2))
     took = time.monotonic() - t0
     (state_dir(name) / "bringup_seconds").write_text(f"{took:.1f}\n")
-    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} {kind} nodes, data MTU {args.data_mtu}, "
+    log(f"cluster '{name}' up in {took:.1f} s: {args.nodes} {kind} nodes{' with Slurm' if slurm else ''}, "
+        f"data MTU {args.data_mtu}, "
         f"inventory {inv.relative_to(REPO)}")
 
 
@@ -687,6 +803,8 @@ def main() -> int:
                     help="node: docker-in-docker GPU-node look-alikes (default); plain: rented containers "
                          "(sshd and Python only, SSH on mapped ports of 127.0.0.1, an overlay and a bridge network); "
                          "light: sshd and Python only on the node kind's networks, for scale measurements")
+    up.add_argument("--slurm", action="store_true",
+                    help="node kind with a real Slurm (slurmctld on the head, slurmd and munge on every node)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down")
     down.add_argument("--name", default=DEFAULT_NAME)

@@ -24,7 +24,7 @@ JOB_TREE_MODULES = [
     "library/job_collect.py", "library/collect_bundle.py", "library/checkpoint_copy.py",
     "library/checkpoint_shards.py",
     MU + "checkpoints.py", MU + "ckpt_transfer.py", MU + "recover.py", MU + "job_collect.py", MU + "torchrun.py",
-    MU + "launcher.py", MU + "procgroup.py",
+    MU + "launcher.py", MU + "procgroup.py", "library/slurm_job.py", MU + "slurm_node.py",
 ]
 
 # Files that name a job tree but never touch one on a node, and why.
@@ -52,6 +52,20 @@ HOST_ONLY_STATE = "<state>/<job>/ (host-only: never mounted into the container; 
 
 # (file, function, call): why it is safe.
 ALLOWED = {
+    ("library/slurm_job.py", "SlurmJob.prepared", "open"): "reads the env files the render play wrote (nccl.env in "
+    "job-ro, read-only in the container), as torchrun_launch does",
+    ("library/slurm_job.py", "SlurmJob.differs", "open"): "reads node.json, job.env and the runner in " + HOST_ONLY_STATE
+    + "slurm/ (0700)",
+    ("library/slurm_job.py", "SlurmJob.load_record", "open"): "reads slurm.json in " + HOST_ONLY_STATE,
+    ("library/slurm_job.py", "SlurmJob.status", "open"): "reads slurm/node.json in " + HOST_ONLY_STATE,
+    ("library/slurm_job.py", "SlurmJob.collected", "open"): "reads slurm.json in " + HOST_ONLY_STATE
+    + " (the batch output, which the job step writes, goes through the layer)",
+    (MU + "slurm_node.py", "load", "open"): "reads its spec in " + HOST_ONLY_STATE + "slurm/ (0700)",
+    (MU + "slurm_node.py", "token_holders", "open"): "reads /proc/<pid>/environ",
+    (MU + "slurm_node.py", "watchdog", "os.open"): "opens /dev/null",
+    (MU + "slurm_node.py", "open_log", "os.open"): "the node's log in job-rw: O_NOFOLLOW | O_NONBLOCK, a regular file "
+    "only (fstat), created 0644; the runner is standalone (written to the node as one file), so the layer's own "
+    "helpers are not importable there",
     ("library/job_reset.py", "proc_mapped_paths", "open"): "reads /proc/<pid>/maps",
     ("library/job_reset.py", "unix_sockets", "open"): "reads /proc/net/unix",
     ("library/job_reset.py", "Reset.states", "open"): "reads launch.json in " + HOST_ONLY_STATE,

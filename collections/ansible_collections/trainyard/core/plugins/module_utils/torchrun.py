@@ -145,6 +145,16 @@ def build_command(nnodes, nproc_per_node, node_rank, master_addr, master_port, e
     return cmd
 
 
+def command_options(**more):
+    """The argument spec of the options build_command takes (torchrun_launch and slurm_job build the same command)."""
+    return dict(nnodes=dict(type="int"), nproc_per_node=dict(type="int"), node_rank=dict(type="int"),
+                master_addr=dict(type="str"), master_port=dict(type="int", default=29500),
+                rdzv_id=dict(type="str", default=""), max_restarts=dict(type="int", default=0),
+                torchrun=dict(type="list", elements="str", default=["torchrun"]),
+                extra_torchrun_args=dict(type="list", elements="str", default=[]),
+                entrypoint=dict(type="str"), args=dict(type="list", elements="str", default=[]), **more)
+
+
 def shell_quote(argv):
     """argv as one copy-pasteable line (display only; nothing is ever run through a shell)."""
     return " ".join(shlex.quote(a) for a in argv)

@@ -569,6 +569,7 @@ def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: M
                                     "set launch_runtime: host to run the job on the node itself, or remove "
                                     "container_enabled", "container_enabled", False, [h], True))
         problems += _check_node_counts(h, len(hosts), t, specs)
+        problems += _check_backend(h, t, specs)
         problems += check_role_rules(h, t, specs)
     images: dict[str, list[str]] = {}
     for h in hosts:
@@ -988,6 +989,29 @@ def _check_node_counts(h: str, n: int, t: Mapping, specs: Mapping[str, Mapping])
             problems.append(Problem(f"launch_nnodes_min is outside 1..{n} ({n} trainers)",
                                     f"set launch_nnodes_min to 1..{n}, or 0 for a fixed size",
                                     "launch_nnodes_min", elastic, [h], True))
+    return problems
+
+
+def _check_backend(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[Problem]:
+    """launch_backend slurm against the launch options it does not carry (docs/slurm.md): the Slurm task runs each
+    node's torchrun in the training container (docker exec), with a fixed node set and the secrets as environment."""
+    def get(var: str, fallback: Any) -> Any:
+        return t.get(var, ((specs.get("launch") or {}).get(var) or {}).get("default", fallback))
+
+    if get("launch_backend", "torchrun") != "slurm":
+        return []
+    problems: list[Problem] = []
+    unsupported = (("launch_runtime", "docker", "the Slurm task runs torchrun inside the training container through "
+                    "docker exec", "set launch_runtime: docker, or launch_backend: torchrun to run on the node itself"),
+                   ("launch_rdzv_backend", "static", "Slurm allocates a fixed set of nodes; ranks come from the cluster "
+                    "model", "set launch_rdzv_backend: static, or launch_backend: torchrun for an elastic job"),
+                   ("launch_secret_env_mode", "env", "the Slurm task passes secrets by docker exec --env-file only",
+                    "set launch_secret_env_mode: env, or launch_backend: torchrun"))
+    for var, needed, why, fix in unsupported:
+        value = get(var, needed)
+        if isinstance(value, str) and not _templated(value) and value != needed:
+            problems.append(Problem(f"launch_backend is slurm while {var} is not {needed} ({why})", fix, var, value,
+                                    [h], True))
     return problems
 
 
