@@ -17,7 +17,7 @@ from ansible_collections.trainyard.core.plugins.module_utils import slurm as sl
 from ansible_collections.trainyard.core.plugins.module_utils import slurm_node as runner
 from helpers import adhoc, load
 
-tv = load("tests/unit/test_validation.py", "tv_for_slurm")
+tv = load("tests/unit/plugin_utils/test_validation.py", "tv_for_slurm")
 
 
 # ---------------------------------------------------------------- sbatch

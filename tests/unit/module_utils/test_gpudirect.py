@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ansible_collections.trainyard.core.plugins.module_utils import gpudirect as gd
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "tests/data/nvidia-smi/h200x4"
 STANDIN = REPO / "tests/sim/standin/nvidia-smi"
 # The public capture's lines (stas00/ml-engineering, network/README.md), one GPU, two links, with one replay error.

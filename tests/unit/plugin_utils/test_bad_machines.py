@@ -10,7 +10,7 @@ from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
 from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines as bm
 from ansible_collections.trainyard.core.plugins.plugin_utils import gpu_checks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CAPTURE = (REPO / "tests/data/nvidia-smi/h200x4/nvidia-smi-q.xml").read_text()
 HOSTS = ["node1", "node2", "node3"]
 

@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
 from ansible_collections.trainyard.core.plugins.plugin_utils import bandwidth_expect as be
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
+DATA = Path(__file__).resolve().parents[2] / "data" / "nvidia-smi"
 
 
 def h200_facts():
