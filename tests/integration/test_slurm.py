@@ -146,7 +146,7 @@ def test_relaunch_resumes_from_the_last_complete_checkpoint_as_a_new_slurm_job(c
     old = record(cluster)["job_id"]
     ckpt = latest_complete(cluster)
     assert ckpt >= 5
-    r = cluster.playbook("site.yml", "--tags", "launch", *RELAUNCH, timeout=900)
+    r = cluster.playbook("site.yml", *RELAUNCH, timeout=1800)
     assert r.returncode == 0, r.stdout[-5000:]
     new = record(cluster)["job_id"]
     assert new != old and job_state(cluster, new) == "RUNNING"
