@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -61,8 +62,34 @@ def cfg(port, rank, **kw):
     return c
 
 
-def sleeper():
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+WORKER = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'])"
+
+
+def sleeper(workers=True):
+    """A stand-in torchrun: with workers, a child process runs under it (a rank); without, it only waits (torchrun in
+    its exit barrier once every worker exited). Its own session, so that the test ends its worker too."""
+    code = WORKER if workers else "import time; time.sleep(120)"
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    if workers:
+        assert wait_for_child(p.pid), "the stand-in torchrun never started its worker"
+    return p
+
+
+def end(p):
+    """SIGKILL to the stand-in's session (torchrun and its worker); nothing when it is gone already."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_for_child(pid, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ff._workers_left(pid):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def wait_exit(proc, timeout):
@@ -88,7 +115,7 @@ def test_a_nodes_failure_stops_the_other_nodes_torchrun_and_says_why():
     master = master_store()
     (a, wa), (b, wb) = two_watchers(master.port, 1, 2)
     try:
-        a.kill()
+        end(a)
         a.wait()
         rec = wa.publish(-9, REPORT, operator_stop=False)
         assert rec["published"] is True and rec["peer_stop"] is None
@@ -106,7 +133,7 @@ def test_a_nodes_failure_stops_the_other_nodes_torchrun_and_says_why():
         assert json.loads(master.get(wa.key))["node_rank"] == 1
     finally:
         for p in (a, b):
-            p.kill()
+            end(p)
             p.wait()
 
 
@@ -116,6 +143,26 @@ def test_an_operator_stop_or_a_clean_exit_publishes_nothing():
     assert w.publish(0, REPORT, operator_stop=False) == {"peer_stop": None}
     assert w.publish(-15, REPORT, operator_stop=True) == {"peer_stop": None}
     assert not master.check([w.key])
+
+
+def test_losing_the_heads_store_after_every_worker_exited_stops_nothing():
+    """The job's normal end: the head's torchrun ends (its store with it) while a node's torchrun waits in its exit
+    barrier with no worker left; that node is not stopped as if it had failed."""
+    master = master_store()
+    done = sleeper(workers=False)
+    w = ff.Watcher(cfg(master.port, 1), done.pid, lambda _l: None).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not w.reached and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert w.reached and ff._workers_left(done.pid) is False
+        del master
+        time.sleep(4)  # lost_s is 1 s: a watcher that took this for a failure has stopped it by now
+        assert done.poll() is None and w.peer_stop is None
+        w.publish(0, "", operator_stop=False)
+    finally:
+        end(done)
+        done.wait()
 
 
 def test_losing_the_heads_store_stops_a_non_head_node_but_not_the_head():
@@ -129,7 +176,7 @@ def test_losing_the_heads_store_stops_a_non_head_node_but_not_the_head():
         wh.publish(0, "", operator_stop=False)
     finally:
         for p in (b, h):
-            p.kill()
+            end(p)
             p.wait()
 
 
@@ -178,7 +225,7 @@ def test_publishing_after_the_heads_store_went_returns_at_once():
     (a, wa), (b, wb) = two_watchers(master.port, 0, 1)
     try:
         del master
-        a.kill()
+        end(a)
         a.wait()
         time.sleep(1)  # the watcher has seen the store go
         t0 = time.monotonic()
@@ -188,5 +235,5 @@ def test_publishing_after_the_heads_store_went_returns_at_once():
         wb.publish(0, "", operator_stop=False)
     finally:
         for p in (a, b):
-            p.kill()
+            end(p)
             p.wait()

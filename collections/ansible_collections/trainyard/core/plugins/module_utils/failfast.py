@@ -94,6 +94,19 @@ def _alive(pid):
         return False
 
 
+def _workers_left(pid):
+    """Whether torchrun (pid) still has a child process (its workers): False once every worker exited, when torchrun
+    only waits in its exit barrier; None when /proc does not say (no /proc/PID/task/TID/children)."""
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                if f.read().split():
+                    return True
+        return False
+    except OSError:
+        return None
+
+
 class Watcher(object):
     """The watcher thread of one launcher. start() after torchrun was forked; publish() once it exited."""
 
@@ -156,7 +169,9 @@ class Watcher(object):
             except Exception:  # the store's errors (DistNetworkError, timeouts): the head is gone or not up yet
                 with self.lock:
                     self.store = None
-                if self.reached and self.cfg["node_rank"] != 0:
+                # A lost store with no worker left is the job's normal end: the head's torchrun ended (its store with
+                # it) while this node's torchrun waits in its exit barrier, which ends by itself. Nothing to stop.
+                if self.reached and self.cfg["node_rank"] != 0 and _workers_left(self.child) is not False:
                     now = time.monotonic()
                     lost_since = lost_since or now
                     if now - lost_since >= lost_s:
