@@ -428,6 +428,7 @@ class SlurmJob(object):
         slurm_state, reason = self.slurm_state(job_id)
         text = tr.read_untrusted(self.log, limit=LOG_MAX_BYTES, tail=True).decode("utf-8", "replace") \
             if os.path.exists(self.log) else ""
+        text = sl.this_job_log(text, job_id)
         failure = tr.root_cause(text)
         spec = {}
         try:

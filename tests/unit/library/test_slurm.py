@@ -211,3 +211,12 @@ def test_status_without_a_recorded_job_is_absent_and_bad_input_is_one_line(tmp_p
     assert bad["failed"] and "is not a Slurm job id" in bad["msg"] and "Traceback" not in bad["msg"]
     cancel = adhoc("slurm_job", {"state": "cancelled", "job": "train", "state_root": str(tmp_path)})
     assert not cancel["changed"] and "nothing to cancel" in cancel["msg"]
+
+
+def test_a_nodes_state_reads_only_the_lines_of_this_slurm_job():
+    old = "trainyard: slurm job 2 step 0 on n2, node rank 1\nfailed (exitcode: -9) local_rank: 0\ntrainyard: torchrun on this node exited with 1\n"
+    assert sl.this_job_log(old, "3") == ""  # job 3's runner has not rotated the log yet: nothing of job 3
+    new = old + "trainyard: slurm job 3 step 0 on n2, node rank 1\ntrainyard: first step done step=1\n"
+    assert sl.this_job_log(new, "3").startswith("trainyard: slurm job 3 step 0") and "exitcode: -9" not in sl.this_job_log(new, "3")
+    assert sl.node_state("RUNNING", sl.node_exit(sl.this_job_log(old, "3")), None) == "running"
+

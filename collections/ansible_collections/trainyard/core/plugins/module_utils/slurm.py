@@ -105,6 +105,14 @@ def node_exit(log_text):
     return int(found[-1]) if found else None
 
 
+def this_job_log(text, job_id):
+    """The part of a node's log that Slurm job job_id wrote (from its runner's header line on), or "" before that
+    runner wrote it: until the runner rotates the log, the file still holds the previous job's lines (a relaunch after
+    a killed rank), which are not this job's failure."""
+    i = (text or "").rfind("trainyard: slurm job %s step " % job_id)
+    return text[i:] if i >= 0 else ""
+
+
 def node_state(slurm_state, exit_code, failure):
     """This node's state for status.yml (running / finished / failed / absent) from Slurm's job state, the exit code
     the runner recorded on this node and torchrun's first failure in its log."""
