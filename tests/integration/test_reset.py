@@ -49,10 +49,13 @@ time.sleep(0.05)
 env = dict(os.environ, TRAINYARD_LAUNCH_ID=token)
 p = subprocess.Popen([sys.executable, "-c", leader, worker, str(port)], env=env, start_new_session=True,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-for _ in range(200):
+for _ in range(600):
     if os.path.exists("/tmp/fakejob.ready"):
         break
     time.sleep(0.05)
+else:
+    holders = [ln for ln in open("/proc/net/tcp").read().splitlines()[1:] if ln.split()[1].endswith(":%04X" % port)]
+    sys.exit("stand-in worker not ready after 30 s; port %d entries in /proc/net/tcp: %s" % (port, holders))
 os.unlink("/tmp/fakejob.ready")
 t = open("/proc/%d/stat" % p.pid).read()
 ticks = int(t[t.rfind(")") + 2:].split()[19])
@@ -273,8 +276,11 @@ def test_reset_playbook_after_a_crash_then_a_fresh_launch(cluster):
         r = cluster.playbook("tests/integration/playbooks/launch.yml")
         assert r.returncode == 0, r.stdout[-4000:]
     finally:
+        # Reset before the cleanup: the cleanup removes launch.json, without which reset cannot tell the job
+        # just launched is ours and would leave it holding the rendezvous port for the next test.
+        r = reset(cluster)
         cleanup_node(cluster, head, decoy)
-        reset(cluster)
+    assert r.returncode == 0 and not listening(cluster, head, PORT), r.stdout[-4000:]
 
 
 @needs_roles
