@@ -360,7 +360,16 @@ def main() -> int:
     p.add_argument("--site", type=Path, help="container mode: LLaMA-Factory and its pinned packages (pip --target)")
     p.add_argument("--work", type=Path, default=Path("/tmp/trainyard-engine"),
                    help="container mode: the engine's and the registry's data")
+    p.add_argument("--extra-vars", default="{}",
+                   help="a JSON object of variables every playbook of the run gets (e.g. {\"cluster_burnin_tier\": "
+                        "\"standard\"})")
     args = p.parse_args()
+    try:
+        extra_vars = json.loads(args.extra_vars)
+        if not isinstance(extra_vars, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        p.error(f"--extra-vars must be a JSON object ({e})")
     if args.runtime:
         args.mode = "container-llamafactory" if args.runtime == "container" else "two-nodes-host"
     if args.nodes != 2 and not args.gpus_per_node:
@@ -368,8 +377,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode == "container-llamafactory":
         return container_main(args)
-    return Acceptance(args.out.resolve(), args.cpu_rehearsal, args.root, nodes=args.nodes,
-                      gpus_per_node=args.gpus_per_node).run()
+    acc = Acceptance(args.out.resolve(), args.cpu_rehearsal, args.root, nodes=args.nodes,
+                     gpus_per_node=args.gpus_per_node)
+    acc.extra.update(extra_vars)
+    return acc.run()
 
 
 def container_main(args) -> int:
@@ -398,6 +409,7 @@ def container_main(args) -> int:
     facts.update(cm.build_image(engine, args.work, args.site.resolve()))
     acc = Acceptance(out, False, args.root, mode="container-llamafactory", nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node)
+    acc.extra.update(json.loads(args.extra_vars))
     acc.results["engine"] = facts
     rc = cm.ContainerAcceptance(acc, engine, args.work).run()
     acc.finish(threading.Event())
