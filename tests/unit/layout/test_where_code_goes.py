@@ -61,21 +61,9 @@ SKIP_DIRS = {".git", ".venv", ".cache", ".sim", "runs", ".ansible", ".whl", ".co
 SCALE = ("read once per play from every node's variables on the controller: passed as an argument, each node's "
          "result would be templated into the task's arguments (a copy per node per play: the scale issue)")
 ALLOWED = {
-    # roles/nvidia_driver is another engineer's this stop: its verify.yml passes these two names.
-    ("action_plugins/nvidia_driver_check.py", "task_vars key from the arguments: name"):
-        "PENDING: nvidia_driver's verify.yml passes the registered name ('result'); the role should pass the value",
-    ("action_plugins/nvidia_driver_check.py", "hostvars key from the arguments: name"):
-        "PENDING: reads each peer's result under the passed name; the role should pass the values",
-    ("roles/nvidia_driver/tasks/verify.yml", "nvidia_driver : Configure CUDA_DEVICE_ORDER=PCI_BUS_ID and read the "
-                                             "GPU facts and health"):
-        "PENDING: result_task labels check mode's 'pending' with the task's display name; with the value passed "
-        "(above), the label is text only, as the container's is",
     ("roles/container/tasks/verify.yml", "container : Start the training container"):
         "pending_on's key is the label the pending record shows; the registered result beside it decides, so a "
         "renamed task changes the text only",
-    # roles/cluster is another engineer's this stop.
-    ("action_plugins/host_basics.py", "hostvars key from the arguments: name"):
-        "PENDING: roles/cluster/tasks/preflight.yml passes median_of: __cluster_host; " + SCALE,
     ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_plugin"): SCALE,
     ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_validated"): SCALE,
     ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_write"): SCALE,
@@ -418,3 +406,46 @@ def test_the_display_name_scan_sees_a_name_as_key():
         "playbooks/p.yml": [{"name": "Play", "tasks": [{"name": "Other", "when": "'Decide' in done_tasks"}]}],
     }
     assert display_name_keys(docs) == [("playbooks/p.yml", "Decide"), ("roles/r/tasks/main.yml", "r : Read the GPUs")]
+
+
+# ---------------------------------------------------------------------------------------------- YAML: values in
+
+# Keys whose value is a variable's name by Ansible's own contract.
+NAME_KEYS = {"register", "loop_var", "index_var"}
+
+
+def registered_names_passed(docs):
+    """[(file, key, value)] of every YAML value of docs ({file: loaded YAML}) that is a registered result's bare name
+    (``__role_x``) under a key other than Ansible's own (register, loop_var): a task handing an action a name to read."""
+    out = []
+
+    def walk(node, path, key=None):
+        if isinstance(node, list):
+            for item in node:
+                walk(item, path, key)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if k not in NAME_KEYS:
+                    walk(v, path, k)
+        elif isinstance(node, str) and re.fullmatch(r"__[a-z][a-z0-9_]*", node.strip()):
+            out.append((path, key, node.strip()))
+    for path, doc in docs.items():
+        walk(doc, path)
+    return sorted(out)
+
+
+def test_no_task_passes_a_registered_result_by_name():
+    docs = {rel(p): yaml.safe_load(p.read_text()) for p in product_yaml()}
+    found = registered_names_passed(docs)
+    assert not found, ("a task passes a registered result's name (docs/architecture.md 'Where code goes'): pass "
+                       "the value (\"{{ __x }}\") instead: %s" % found)
+
+
+def test_the_registered_name_scan_sees_a_name_passed_as_an_argument():
+    docs = {"roles/r/tasks/main.yml": [
+        {"name": "Probe", "probe_module": {}, "register": "__r_probe"},
+        {"name": "Median", "host_basics": {"median_of": "__r_probe"}, "run_once": True},
+        {"name": "Check", "check": {"result": "{{ __r_probe }}", "peers": "__r_peers"}, "loop": [1],
+         "loop_control": {"loop_var": "__r_item"}}]}
+    assert registered_names_passed(docs) == [("roles/r/tasks/main.yml", "median_of", "__r_probe"),
+                                             ("roles/r/tasks/main.yml", "peers", "__r_peers")]
