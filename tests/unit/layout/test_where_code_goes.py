@@ -449,3 +449,52 @@ def test_the_registered_name_scan_sees_a_name_passed_as_an_argument():
          "loop_control": {"loop_var": "__r_item"}}]}
     assert registered_names_passed(docs) == [("roles/r/tasks/main.yml", "median_of", "__r_probe"),
                                              ("roles/r/tasks/main.yml", "peers", "__r_peers")]
+
+
+# ---------------------------------------------------------------------------------------------- verdicts per role
+
+def role_check_ids(source, roles):
+    """{role: sorted check ids} of the records a Python file builds: a role's id ("<role>.<name>") as the value of a
+    dict's "check" key, or as the first argument of a record helper (a function whose name says rec: _rec(...));
+    reading a record (rec.get("network.mtu"), drift("network.mtu", ...)) is not building one."""
+    pat = re.compile(r"(%s)\.[a-z][a-z0-9_]*" % "|".join(sorted(roles, key=len, reverse=True)))
+    out = {}
+
+    def note(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and pat.fullmatch(node.value):
+            out.setdefault(pat.fullmatch(node.value).group(1), set()).add(node.value)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and k.value == "check":
+                    note(v)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name) and "rec" in node.func.id:
+            note(node.args[0])
+    return {r: sorted(v) for r, v in out.items()}
+
+
+def verdict_files(files, roles):
+    """{role: [files of plugin_utils that build its records]} over files ({name: source})."""
+    out = {}
+    for name, source in sorted(files.items()):
+        for role in role_check_ids(source, roles):
+            out.setdefault(role, []).append(name)
+    return out
+
+
+def test_each_roles_controller_verdicts_live_in_one_plugin_utils_file():
+    roles = {p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir()}
+    files = {p.name: p.read_text() for p in sorted((REPO / PU).glob("*.py"))}
+    found = verdict_files(files, roles)
+    assert len(found) >= 5 and found["container"] == ["container_checks.py"], found
+    twice = {r: f for r, f in found.items() if len(f) > 1}
+    assert not twice, ("a role's controller verdicts in more than one plugin_utils file (docs/architecture.md 'Where "
+                       "code goes': one file per role): %s" % twice)
+
+
+def test_the_verdict_scan_sees_a_role_built_in_two_files():
+    files = {"a_checks.py": 'def f():\n    return [{"check": "a.one", "status": "pass"}, _rec("a.two", "fail")]\n',
+             "b.py": 'X = {"check": "a.three"}\nY = {"detail": "see a.one"}\nrecord("b.x")\n',
+             "c.py": 'rec.get("a.one")\ndrift("a.one", "x")\n'}
+    assert role_check_ids(files["a_checks.py"], {"a", "b"}) == {"a": ["a.one", "a.two"]}
+    assert verdict_files(files, {"a", "b"}) == {"a": ["a_checks.py", "b.py"], "b": ["b.py"]}
