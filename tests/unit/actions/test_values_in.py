@@ -1,5 +1,5 @@
 """The actions that compare the nodes take values, never a variable's name (docs/architecture.md 'Where code goes'):
-nvidia_driver_check and host_basics refuse a name where a value goes with one line that says what to pass, and their
+nvidia_driver_check, host_basics and nccl_env_validate refuse a name where a value goes with one line that says what to pass, and their
 once-per-play calls build what the per-node calls compare from the values given."""
 
 import pytest
@@ -49,3 +49,14 @@ def test_host_basics_median_of_takes_the_clocks_not_a_name():
     clocks = [{"offset": 0.1, "uncertainty": 0.2}, None, {"offset": 0.3, "uncertainty": 0.05}]
     assert decide(HB, {"median_of": clocks}) == {"median": 0.3, "uncertainty": 0.2, "nodes": 2}
     assert decide(HB, {"median_of": [None]}) == {"nodes": 0}
+
+
+def test_nccl_env_validate_compare_takes_each_hosts_results_as_values():
+    nev = load("action_plugins/nccl_env_validate.py", "nccl_env_validate_action")
+    with pytest.raises(AnsibleActionFail, match=r"needs validated, write, plugin: one registered result per host"):
+        decide(nev, {"compare": {"hosts": ["n1", "n2"]}})
+    with pytest.raises(AnsibleActionFail, match=r"needs plugin: .* \(2\)"):
+        decide(nev, {"compare": {"hosts": ["n1", "n2"], "validated": [{}, {}], "write": [{}, {}], "plugin": [{}]}})
+    out = decide(nev, {"compare": {"hosts": ["n1", "n2"], "validated": [{}, None], "write": [{}, {}],
+                                   "plugin": [{}, {}]}})
+    assert set(out["records"]) == {"n1", "n2"}

@@ -64,9 +64,6 @@ ALLOWED = {
     ("roles/container/tasks/verify.yml", "container : Start the training container"):
         "pending_on's key is the label the pending record shows; the registered result beside it decides, so a "
         "renamed task changes the text only",
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_plugin"): SCALE,
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_validated"): SCALE,
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_write"): SCALE,
     ("action_plugins/network_plan.py", "registered result by name: __network_facts"): SCALE,
     # The network plan holds every node's peers: network_checks reads the three results its role registers just
     # before it in place rather than template the plan into every node's arguments.
