@@ -64,7 +64,6 @@ ALLOWED = {
     ("roles/container/tasks/verify.yml", "container : Start the training container"):
         "pending_on's key is the label the pending record shows; the registered result beside it decides, so a "
         "renamed task changes the text only",
-    ("action_plugins/network_plan.py", "registered result by name: __network_facts"): SCALE,
     # The network plan holds every node's peers: network_checks reads the three results its role registers just
     # before it in place rather than template the plan into every node's arguments.
     ("action_plugins/network_checks.py", "registered result by name: __network_facts"): SCALE,
