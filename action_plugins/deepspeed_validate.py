@@ -262,7 +262,7 @@ def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer")
     nodes = {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
                  "differs": seen["differs"].get(h, [])} for h in hosts}
     return {"hosts": nodes, "refuse": {h: refusals(h, b["lora"], nodes[h], hosts[0], enabled) for h, b in zip(hosts, builts)},
-            "records": {h: ds_config.records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
+            "records": {h: render_checks.deepspeed_records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
                         for h, b in zip(hosts, builts)},
             "majority": seen["majority"], "deepspeed_version": version, "configs_validated": len(verdicts) * enabled}
 

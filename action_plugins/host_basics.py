@@ -11,17 +11,20 @@ description:
   - "Turns the registered result of C(host_facts) into the records C(cluster.python), C(cluster.disk), C(cluster.shm),
     C(cluster.memlock), C(cluster.docker), C(cluster.clock) and, on a node that is itself a container without an
     engine, C(cluster.container) (plugin_utils/host_basics.py), and records them as C(preflight_check) does."
-  - "With I(median_of) (once, C(run_once: true)) it records nothing: it reads that registered probe result of every
-    node of the play from their hostvars and returns the clock reference (the median clock offset and the widest
-    measurement error), which each node's call then takes as I(clocks). The cross-node work is O(n) in all."
+  - "With I(median_of) (once, C(run_once: true)) it records nothing: given every node's clock (the C(clock) of each
+    node's probe result, C({}) where the probe has none) it returns the clock reference (the median clock offset and
+    the widest measurement error), which each node's call then takes as I(clocks). The cross-node work is O(n) in
+    all."
   - A probe that failed (no Python that can run it) is recorded as a C(cluster.python) failure with its error and
     a skip of every other check.
   - Runs on the controller only; the host is not contacted.
 options:
   median_of:
-    description: Name of the registered C(host_facts) result on every node; given, the action returns the clock
-      reference (I(median), I(uncertainty), I(nodes)) and records nothing.
-    type: str
+    description: The clock (C({offset, uncertainty})) of every node's registered C(host_facts) result, C({}) or None
+      for a node without one; given, the action returns the clock reference (I(median), I(uncertainty), I(nodes)) and
+      records nothing.
+    type: list
+    elements: raw
   probe:
     description: The node's registered C(host_facts) result (failed or not).
     type: dict
@@ -60,7 +63,8 @@ extends_documentation_fragment: [trainyard.core.attributes.controller]
 EXAMPLES = r"""
 - name: Take the median of the nodes' clocks
   host_basics:
-    median_of: __cluster_host
+    median_of: "{{ ansible_play_hosts | map('extract', hostvars, '__cluster_host')
+                   | map(attribute='clock', default={}) | list }}"
   run_once: true
   register: __cluster_clocks
 
@@ -98,12 +102,12 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import host_basics
 
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        if args.get("median_of"):
-            name, hostvars = str(args["median_of"]), task_vars["hostvars"]
-            # raw_get: one read of each node's variables (a registered result needs no templating).
-            probes = [hostvars.raw_get(h).get(name) for h in task_vars.get("ansible_play_hosts") or []]
-            ref = host_basics.clock_reference([p["clock"] for p in probes if isinstance(p, dict) and "clock" in p])
-            return ref or {"nodes": 0}
+        if "median_of" in args:
+            if not isinstance(args["median_of"], list):
+                raise AnsibleActionFail("host_basics: 'median_of' must be the list of every node's probe clock (the "
+                                        "values, e.g. the 'clock' of each node's host_facts result), not %s"
+                                        % type(args["median_of"]).__name__)
+            return host_basics.clock_reference(args["median_of"]) or {"nodes": 0}
         if not isinstance(args.get("probe"), dict):
             raise AnsibleActionFail("host_basics: 'probe' must be the registered result of host_facts")
         pf = bases.need_dict(args.get("thresholds") or {}, "host_basics: 'thresholds' (cluster_preflight)")

@@ -18,7 +18,7 @@ description:
     C(errors), C(refuse) (what the task writing the file refuses) and C(content), the file's text; fails only when
     I(model) or I(ifname) is missing."
   - "With I(compare) (run once, after the write) it compares every node's env file once (O(n)) from each host's
-    registered C(__nccl_env_validated), C(__nccl_env_write) and C(__nccl_env_plugin), and answers each node's records
+    registered results of the build, the write and the plugin probe, given as values, and answers each node's records
     C(nccl_env.fabric) and C(nccl_env.consistent) (plugin_utils/render_checks.py nccl_env_records) for the role to
     record on every host."
 options:
@@ -40,8 +40,10 @@ options:
   job: {description: The job's name (C(cluster_job_name)) for the file's header., type: str, default: ""}
   path: {description: Where the file goes on the node (C(nccl_env_path))., type: str, default: ""}
   compare:
-    description: "Run once: C({hosts, rank_order, iface_uniform}), the play's hosts, the hosts by rank and
-      whether the network role found the data interface's name the same everywhere."
+    description: "Run once: C({hosts, rank_order, iface_uniform, validated, write, plugin}), the play's hosts, the
+      hosts by rank, whether the network role found the data interface's name the same everywhere, and, one per host
+      in the order of C(hosts), the registered results of this action's build call, of the write and of the plugin
+      probe (C({}) where a host has none)."
     type: dict
   extra:
     description: The user's variables (C(nccl_env_extra)); they may override the role's, but not the rendezvous ones.
@@ -173,10 +175,14 @@ class ActionModule(bases.ControllerAction):
 
     @staticmethod
     def compare(args, task_vars):
-        """Every node's records from its registered results, read once for the play from hostvars."""
-        hostvars = task_vars["hostvars"]
-        nodes = {h: {"validated": hostvars[h].get("__nccl_env_validated"), "write": hostvars[h].get("__nccl_env_write"),
-                     "plugin": hostvars[h].get("__nccl_env_plugin")} for h in bases.str_list(args.get("hosts"))}
+        """Every node's records from its registered results, given once for the play as values."""
+        hosts = bases.str_list(args.get("hosts"))
+        lists = {k: args.get(k) for k in ("validated", "write", "plugin")}
+        bad = [k for k, v in lists.items() if not isinstance(v, list) or len(v) != len(hosts)]
+        if bad:
+            raise AnsibleActionFail("nccl_env_validate: 'compare' needs %s: one registered result per host of 'hosts' "
+                                    "(%d), in its order, as values" % (", ".join(bad), len(hosts)))
+        nodes = {h: {k: lists[k][i] or {} for k in lists} for i, h in enumerate(hosts)}
         return dict(records=render_checks.nccl_env_records(
             nodes, bases.str_list(args.get("rank_order")),
             boolean(args.get("iface_uniform", True), strict=False)))

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: network_plan
 short_description: The network role's cross-node values and the pairs the path proof pings, once per play
 description:
-  - "Reads every node's C(net_facts) result (registered as C(__network_facts)) from the host variables, once, and
+  - "Takes every node's C(net_facts) result (I(facts), the values, once per play) and
     returns what the role compares across nodes (C(plugin_utils/netrecords.py) C(cluster_plan)) whether every node
     uses the same data interface name, the MTU the cluster proves (C(cluster_data_mtu), or with 0 the smallest
     measured), each node's data MTU and interface (a failing pair names both), and which peers each node pings
@@ -22,6 +22,12 @@ options:
     description: The nodes of the cluster in the play, in rank order.
     type: list
     elements: str
+    required: true
+  facts:
+    description: Each node's registered C(net_facts) result, one per entry of I(hosts) in its order (C({}) where a
+      node has none).
+    type: list
+    elements: raw
     required: true
   head: {description: The head (rank 0)., type: str, required: true}
   head_address: {description: The head's data address (what every node's route is checked against)., type: str,
@@ -46,6 +52,7 @@ EXAMPLES = r"""
 - name: Compare the nodes and choose the pairs the path proof pings
   network_plan:
     hosts: "{{ _network_hosts }}"
+    facts: "{{ _network_hosts | map('extract', hostvars) | map(attribute='__network_facts', default={}) | list }}"
     head: "{{ cluster_model.head }}"
     head_address: 10.0.0.11
     master_addr: 10.0.0.11
@@ -79,8 +86,10 @@ class ActionModule(bases.ControllerAction):
         for key in ("head", "head_address", "master_addr", "master_port", "mtu"):
             if args.get(key) is None:
                 raise AnsibleActionFail(f"network_plan: '{key}' is required")
-        hostvars = task_vars.get("hostvars") or {}
-        facts = {h: hostvars[h].get("__network_facts") for h in hosts if h in hostvars}
+        if not isinstance(args.get("facts"), list) or len(args["facts"]) != len(hosts):
+            raise AnsibleActionFail("network_plan: 'facts' must list each host's registered net_facts result, one per "
+                                    "entry of 'hosts' (%d) in its order, as values" % len(hosts))
+        facts = dict(zip(hosts, args["facts"]))
         plan = netrecords.cluster_plan(hosts, facts, int(args["mtu"]), int(args.get("full_mesh_max", 16)),
                                        int(args.get("samples", 2)), int(args.get("seed", 0)))
         plan.update(head=str(args["head"]), head_address=str(args["head_address"]),

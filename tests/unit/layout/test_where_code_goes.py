@@ -61,25 +61,9 @@ SKIP_DIRS = {".git", ".venv", ".cache", ".sim", "runs", ".ansible", ".whl", ".co
 SCALE = ("read once per play from every node's variables on the controller: passed as an argument, each node's "
          "result would be templated into the task's arguments (a copy per node per play: the scale issue)")
 ALLOWED = {
-    # roles/nvidia_driver is another engineer's this stop: its verify.yml passes these two names.
-    ("action_plugins/nvidia_driver_check.py", "task_vars key from the arguments: name"):
-        "PENDING: nvidia_driver's verify.yml passes the registered name ('result'); the role should pass the value",
-    ("action_plugins/nvidia_driver_check.py", "hostvars key from the arguments: name"):
-        "PENDING: reads each peer's result under the passed name; the role should pass the values",
-    ("roles/nvidia_driver/tasks/verify.yml", "nvidia_driver : Configure CUDA_DEVICE_ORDER=PCI_BUS_ID and read the "
-                                             "GPU facts and health"):
-        "PENDING: result_task labels check mode's 'pending' with the task's display name; with the value passed "
-        "(above), the label is text only, as the container's is",
     ("roles/container/tasks/verify.yml", "container : Start the training container"):
         "pending_on's key is the label the pending record shows; the registered result beside it decides, so a "
         "renamed task changes the text only",
-    # roles/cluster is another engineer's this stop.
-    ("action_plugins/host_basics.py", "hostvars key from the arguments: name"):
-        "PENDING: roles/cluster/tasks/preflight.yml passes median_of: __cluster_host; " + SCALE,
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_plugin"): SCALE,
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_validated"): SCALE,
-    ("action_plugins/nccl_env_validate.py", "registered result by name: __nccl_env_write"): SCALE,
-    ("action_plugins/network_plan.py", "registered result by name: __network_facts"): SCALE,
     # The network plan holds every node's peers: network_checks reads the three results its role registers just
     # before it in place rather than template the plan into every node's arguments.
     ("action_plugins/network_checks.py", "registered result by name: __network_facts"): SCALE,
@@ -418,3 +402,95 @@ def test_the_display_name_scan_sees_a_name_as_key():
         "playbooks/p.yml": [{"name": "Play", "tasks": [{"name": "Other", "when": "'Decide' in done_tasks"}]}],
     }
     assert display_name_keys(docs) == [("playbooks/p.yml", "Decide"), ("roles/r/tasks/main.yml", "r : Read the GPUs")]
+
+
+# ---------------------------------------------------------------------------------------------- YAML: values in
+
+# Keys whose value is a variable's name by Ansible's own contract.
+NAME_KEYS = {"register", "loop_var", "index_var"}
+
+
+def registered_names_passed(docs):
+    """[(file, key, value)] of every YAML value of docs ({file: loaded YAML}) that is a registered result's bare name
+    (``__role_x``) under a key other than Ansible's own (register, loop_var): a task handing an action a name to read."""
+    out = []
+
+    def walk(node, path, key=None):
+        if isinstance(node, list):
+            for item in node:
+                walk(item, path, key)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if k not in NAME_KEYS:
+                    walk(v, path, k)
+        elif isinstance(node, str) and re.fullmatch(r"__[a-z][a-z0-9_]*", node.strip()):
+            out.append((path, key, node.strip()))
+    for path, doc in docs.items():
+        walk(doc, path)
+    return sorted(out)
+
+
+def test_no_task_passes_a_registered_result_by_name():
+    docs = {rel(p): yaml.safe_load(p.read_text()) for p in product_yaml()}
+    found = registered_names_passed(docs)
+    assert not found, ("a task passes a registered result's name (docs/architecture.md 'Where code goes'): pass "
+                       "the value (\"{{ __x }}\") instead: %s" % found)
+
+
+def test_the_registered_name_scan_sees_a_name_passed_as_an_argument():
+    docs = {"roles/r/tasks/main.yml": [
+        {"name": "Probe", "probe_module": {}, "register": "__r_probe"},
+        {"name": "Median", "host_basics": {"median_of": "__r_probe"}, "run_once": True},
+        {"name": "Check", "check": {"result": "{{ __r_probe }}", "peers": "__r_peers"}, "loop": [1],
+         "loop_control": {"loop_var": "__r_item"}}]}
+    assert registered_names_passed(docs) == [("roles/r/tasks/main.yml", "median_of", "__r_probe"),
+                                             ("roles/r/tasks/main.yml", "peers", "__r_peers")]
+
+
+# ---------------------------------------------------------------------------------------------- verdicts per role
+
+def role_check_ids(source, roles):
+    """{role: sorted check ids} of the records a Python file builds: a role's id ("<role>.<name>") as the value of a
+    dict's "check" key, or as the first argument of a record helper (a function whose name says rec: _rec(...));
+    reading a record (rec.get("network.mtu"), drift("network.mtu", ...)) is not building one."""
+    pat = re.compile(r"(%s)\.[a-z][a-z0-9_]*" % "|".join(sorted(roles, key=len, reverse=True)))
+    out = {}
+
+    def note(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and pat.fullmatch(node.value):
+            out.setdefault(pat.fullmatch(node.value).group(1), set()).add(node.value)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and k.value == "check":
+                    note(v)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name) and "rec" in node.func.id:
+            note(node.args[0])
+    return {r: sorted(v) for r, v in out.items()}
+
+
+def verdict_files(files, roles):
+    """{role: [files of plugin_utils that build its records]} over files ({name: source})."""
+    out = {}
+    for name, source in sorted(files.items()):
+        for role in role_check_ids(source, roles):
+            out.setdefault(role, []).append(name)
+    return out
+
+
+def test_each_roles_controller_verdicts_live_in_one_plugin_utils_file():
+    roles = {p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir()}
+    files = {p.name: p.read_text() for p in sorted((REPO / PU).glob("*.py"))}
+    found = verdict_files(files, roles)
+    assert len(found) >= 5 and found["container"] == ["container_checks.py"], found
+    twice = {r: f for r, f in found.items() if len(f) > 1}
+    assert not twice, ("a role's controller verdicts in more than one plugin_utils file (docs/architecture.md 'Where "
+                       "code goes': one file per role): %s" % twice)
+
+
+def test_the_verdict_scan_sees_a_role_built_in_two_files():
+    files = {"a_checks.py": 'def f():\n    return [{"check": "a.one", "status": "pass"}, _rec("a.two", "fail")]\n',
+             "b.py": 'X = {"check": "a.three"}\nY = {"detail": "see a.one"}\nrecord("b.x")\n',
+             "c.py": 'rec.get("a.one")\ndrift("a.one", "x")\n'}
+    assert role_check_ids(files["a_checks.py"], {"a", "b"}) == {"a": ["a.one", "a.two"]}
+    assert verdict_files(files, {"a", "b"}) == {"a": ["a_checks.py", "b.py"], "b": ["b.py"]}

@@ -270,7 +270,7 @@ def test_checks_of_a_node_with_the_role_off_contact_nothing():
 
 
 def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
-    r = adhoc("network_plan", {"hosts": ["localhost"], "head": "localhost", "head_address": "127.0.0.1",
+    r = adhoc("network_plan", {"hosts": ["localhost"], "facts": [{}], "head": "localhost", "head_address": "127.0.0.1",
                                "master_addr": "127.0.0.1", "master_port": 39500, "mtu": 0,
                                "ping": {"wait": 1, "connect_timeout": 2}})
     plan = r["plan"]
@@ -279,5 +279,9 @@ def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
     assert plan["measure"] and plan["uniformity"] == "every node uses no interface"
     assert plan["head_address"] == "127.0.0.1" and plan["ping"] == {"wait": 1, "connect_timeout": 2}
     assert r["ansible_facts"] == {"network_iface_uniform": True}
-    missing = adhoc("network_plan", {"hosts": ["localhost"], "head": "localhost"})
+    missing = adhoc("network_plan", {"hosts": ["localhost"], "facts": [{}], "head": "localhost"})
     assert missing["failed"] and missing["msg"] == "network_plan: 'head_address' is required"
+    # A registered result's name where the values go is refused with what to pass.
+    named = adhoc("network_plan", {"hosts": ["localhost"], "facts": "__network_facts", "head": "localhost",
+                                   "head_address": "127.0.0.1", "master_addr": "127.0.0.1", "master_port": 1, "mtu": 0})
+    assert named["failed"] and "'facts' must list each host's registered net_facts result" in named["msg"]

@@ -455,27 +455,6 @@ def render(generated, overrides=None, base_file="", base_text="", wants=None, fi
     return built
 
 
-def records(built, verdict, version="", auto_filler="trainer"):
-    """The node's deepspeed_config.lora_gather and deepspeed_config.valid records (verdict None: not validated)."""
-    lora, added, kept = built["lora"], built["added"], built["kept"]
-    detail = ("deepspeed_config_validate is false" if verdict is None else "; ".join(verdict["errors"])
-              if not verdict["ok"] else f'{built["label"]}, accepted by DeepSpeed {version or "?"}, "auto" filled by '
-              f'{auto_filler}' + "".join([", added: " + ", ".join(a["key"] for a in added)] * bool(added))
-              + "".join([", " + "; ".join(kept)] * bool(kept)))
-    return [{"check": "deepspeed_config.lora_gather", "status": lora["status"], "detail": lora["detail"],
-             "fix": f"Remove {lora['variable']} (or set it to true): with LoRA under ZeRO-3, "
-                    "stage3_gather_16bit_weights_on_model_save must be true or the saved adapter is empty."},
-            {"check": "deepspeed_config.valid", "status": "skip" if verdict is None else
-             "pass" if verdict["ok"] else "fail", "detail": detail,
-             "fix": "Correct the key named above in deepspeed_config_base_file or deepspeed_config_overrides (or the "
-                    "deepspeed_config_* variable that sets it); a top-level key another tool reads goes in "
-                    'deepspeed_config_allow_unknown_keys; an "auto" goes with the integration that fills it '
-                    "(deepspeed_config_auto_filler).",
-             "data": {"source": built["source"], "added": added, "kept": kept, "overridden": built["overridden"],
-                      "duplicate_spellings": built["duplicates"], "auto_filler": auto_filler,
-                      "drift": {"deepspeed_config_profile": built["drift"]}}}]
-
-
 def compare(hosts, contents):
     """The nodes' texts side by side, O(n): {digest: {host: sha256}, distinct: {digest: its first host}, majority,
     differs: {host: [dotted paths where it differs from the first host]}}."""

@@ -3,8 +3,8 @@
 nvidia_driver_check.py, fabricmanager_check.py) hand to the verdicts of module_utils/nvidia_smi.py and
 module_utils/gpu_health.py, built from the results the nodes' nvidia_gpu_facts calls returned and the roles' options.
 
-Pure: no Ansible object comes in (another node's variables are asked for through a function), so it is unit-tested
-without a play (tests/unit/plugin_utils/test_gpu_checks.py).
+Pure: values in (each node's result, what the other nodes' checks compare as peers_of builds it once), records
+out, so it is unit-tested without a play (tests/unit/plugin_utils/test_gpu_checks.py).
 """
 
 from __future__ import annotations
@@ -24,36 +24,55 @@ def identity_of(result):
     return bad_machines.identity(facts_of(result), (result or {}).get("machine_id"))
 
 
-def gpu_sharers(host, facts_by_host):
-    """The other nodes that list a GPU UUID this node lists too (their visible devices decide whether they share)."""
-    mine = {g.get("uuid") for g in (facts_by_host.get(host) or {}).get("gpus") or []} - {None, ""}
-    if not mine:
-        return []
-    return [h for h, f in facts_by_host.items()
-            if h != host and mine & {g.get("uuid") for g in (f or {}).get("gpus") or []}]
+# The label of the pending device order in check mode: text for the reader (the nvidia_gpu_facts task of
+# roles/nvidia_driver/tasks/verify.yml writes the order); the registered result beside it decides.
+DEVICE_ORDER_TASK = "nvidia_driver : Configure CUDA_DEVICE_ORDER=PCI_BUS_ID and read the GPU facts and health"
 
 
-def driver_records(host, results, opts, visible_of=None, health=None):
+def peers_of(hosts, facts, visible):
+    """What the checks across nodes compare, taken once per play over every node (O(n) in all): {host: None when
+    it has no GPU facts, else {driver: its driver version, uuids: the UUIDs of the GPUs it uses (its visible
+    devices) that another node lists too}}, in host order.
+
+    hosts, facts, visible: the play's hosts and, in the same order, each one's nvidia_gpu_facts (None when
+    nvidia-smi failed) and nvidia_driver_visible_devices. A UUID no other node lists cannot be on two nodes, so each
+    node's entry is its driver version and, on a healthy cluster, no UUID at all.
+    """
+    gpus = [((f or {}).get("gpus") or []) for f in facts]
+    nodes_of = {}
+    for g_list in gpus:
+        for uuid in {g.get("uuid") for g in g_list} - {None, ""}:
+            nodes_of[uuid] = nodes_of.get(uuid, 0) + 1
+    return {h: None if not f else {
+        "driver": f.get("driver_version"),
+        "uuids": [g.get("uuid") for g in nvidia_smi.used_gpus(g_list, v or "") if nodes_of.get(g.get("uuid"), 0) > 1]}
+        for h, f, g_list, v in zip(hosts, facts, gpus, visible)}
+
+
+def driver_records(host, result, peers, opts, health=None):
     """Every nvidia_driver check of `host` (nvidia_smi.driver_records, then the health records when `health` is
     given, then the quick burn-in tier's GPUDirect records when the result has the gpudirect read).
 
-    results: {host: its nvidia_gpu_facts result (registered) or None} for every play host, this one included;
-    opts: nvidia_smi.driver_records's options less error, device_order and visible_by_host, which come from this
-    node's result and from visible_of(host) (another node's nvidia_driver_visible_devices), asked only for the nodes
-    that list one of this node's GPU UUIDs: a node that shares none cannot share a GPU in use either;
+    result: this node's registered nvidia_gpu_facts result; peers: peers_of(...) over every node of the play (this
+    one's entry is replaced by its own result); opts: nvidia_smi.driver_records's options less error, device_order
+    and visible_by_host, which come from this node's result and the peers (whose UUIDs are already those they use);
     health: gpu_health.health_records's options (node_rank, nproc_per_node, visible, since), None without health.
     """
-    mine = results.get(host) or {}
-    facts_by_host = {h: facts_of(r) for h, r in results.items()}
-    visible_by_host = {h: (visible_of(h) if visible_of else "") or "" for h in gpu_sharers(host, facts_by_host)}
+    mine = result or {}
+    facts = facts_of(mine)
+    all_facts = {h: None if p is None else {"driver_version": p.get("driver"),
+                                            "gpus": [{"uuid": u} for u in p.get("uuids") or []]}
+                 for h, p in (peers or {}).items()}
+    all_facts[host] = facts
+    visible_by_host = dict.fromkeys(all_facts, "")
     visible_by_host[host] = opts.get("visible_devices") or ""
-    recs = nvidia_smi.driver_records(host, facts_by_host.get(host), facts_by_host, dict(
+    recs = nvidia_smi.driver_records(host, facts, all_facts, dict(
         opts, error="" if "nvidia_gpu_facts" in mine else mine.get("msg"), device_order=mine.get("device_order"),
         visible_by_host=visible_by_host))
     if health is not None:
         recs += gpu_health.health_records(host, mine.get("health"), health)
     if "gpudirect" in mine:
-        recs += gpudirect.records(host, mine["gpudirect"], bool((facts_by_host.get(host) or {}).get("gpus")))
+        recs += gpudirect.records(host, mine["gpudirect"], bool((facts or {}).get("gpus")))
     return recs
 
 
