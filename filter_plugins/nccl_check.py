@@ -1,11 +1,12 @@
 """Filters of the nccl_check role: the benchmark's result line, the expected bandwidth
-(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py) and the role's records (plugin_utils/allreduce_checks.py)."""
+(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py), the role's records (plugin_utils/allreduce_checks.py) and the
+built-in GPU stress's (plugin_utils/gpu_stress_checks.py)."""
 
 from __future__ import annotations
 
 import json
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect
+from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect, gpu_stress_checks
 from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, inter_node_record,
                                                                                       intra_node_record, sweep_sizes)
 
@@ -77,4 +78,6 @@ class FilterModule:
                 "trainyard_allreduce_bisect_group": allreduce_bisect.group_of,
                 "trainyard_allreduce_bisect_rounds": allreduce_bisect.max_rounds,
                 "trainyard_allreduce_bisect_record": bisect_record,
-                "trainyard_allreduce_sweep": sweep_sizes}
+                "trainyard_allreduce_sweep": sweep_sizes,
+                "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
+                "trainyard_gpu_stress_records": gpu_stress_checks.records_of}
