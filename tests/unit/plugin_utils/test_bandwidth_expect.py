@@ -114,3 +114,34 @@ def test_grades_read_measured_against_expected():
                                               "interface: no line rate), floor 1 GB/s")
     assert be.grade(0.5, none, 1)[0] == "fail"
     assert be.threshold(e, 50) == 256.0 and be.threshold(none, 1) == 1.0
+
+
+# ------------------------------------------------------------------------------------- checked on real hardware
+CAP = Path(__file__).resolve().parents[3] / "docs" / "gpu-acceptance" / "stress-h100x4"
+
+
+def test_the_table_on_the_real_h100x4_capture():
+    """docs/gpu-acceptance/stress-h100x4 (4 x H100 80GB HBM3, NVSwitch, no NVLS): nvidia-smi -q -x and nvlink -s
+    through the parsers module nvidia_gpu_facts uses, the expectation for 4 ranks, and the product's own sweep
+    (allreduce-intra.log, its result line read as the role reads it) graded as the role grades it."""
+    import json
+
+    from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import intra_node_record
+    from helpers import load
+
+    facts = nvidia_smi.parse_query_xml((CAP / "nvidia-smi-q.xml").read_text())
+    links = nvidia_smi.parse_nvlink_status((CAP / "nvlink-s.txt").read_text())
+    for g in facts["gpus"]:
+        g["nvlink"] = links.get(g["index"])
+    assert [g["nvlink"]["active"] for g in facts["gpus"]] == [18] * 4
+    expect = be.intra_expectation(facts, 4)
+    assert expect["gbps"] == 320.0
+    assert expect["hardware"] == "4x NVIDIA H100 80GB HBM3, NVLink4 (18 links) through NVSwitch"
+
+    filters = load("filter_plugins/nccl_check.py", "nccl_check_filters")
+    result = filters.allreduce_result({"rc": 0, "stdout": (CAP / "allreduce-intra.log").read_text()})
+    assert result["busbw_gbps"] == json.loads((CAP / "allreduce-intra.json").read_text())["busbw_gbps"] == 354.863
+    rec = intra_node_record(result, 50.0, 0, expect, (0.8, 0.5))
+    assert rec["status"] == "pass"
+    assert ("354.863 GB/s = 111% of the 320 GB/s expected for 4x NVIDIA H100 80GB HBM3, NVLink4 (18 links) through "
+            "NVSwitch, floor 50 GB/s") in rec["detail"]
