@@ -41,9 +41,13 @@ def allreduce_result(registered):
 def expect_inter(registered_by_host, profile, nproc=1):
     """The cluster's inter-node expectation from every node's run across the nodes ({host: registered result}, each
     with the node's data NIC): the slowest node's, with ``per_host``."""
-    per_host = {h: bandwidth_expect.nic_expectation(allreduce_result(r).get("nic"), profile, int(nproc or 1))
-                for h, r in (registered_by_host or {}).items()}
-    return dict(bandwidth_expect.group_expectation(per_host), per_host=per_host)
+    results = {h: allreduce_result(r) for h, r in (registered_by_host or {}).items()}
+    per_host = {h: bandwidth_expect.nic_expectation(r.get("nic"), profile, int(nproc or 1)) for h, r in results.items()}
+    ran = next((r for _, r in sorted(results.items()) if r.get("ok")), {})
+    # The busbw a hierarchical all-reduce (a tree on 2 nodes) reaches is above the NICs' rate: the expectation for it.
+    expect = bandwidth_expect.convert_for_nics(bandwidth_expect.group_expectation(per_host), ran.get("nnodes"),
+                                               ran.get("world_size"), ran.get("nccl_env"))
+    return dict(expect, per_host=per_host)
 
 
 def bisect_start(nodes, expect, floor, pass_fraction, inter_record, enabled=True):
