@@ -99,3 +99,15 @@ def test_auto_skips_the_nodes_where_dcgm_ran_this_run_and_names_it():
     recs = gs.records_of({"a": _registered("stress.log"), "b": {"skipped": True}}, {"a": no_dcgm, "b": dcgm},
                          "auto", "r2", "standard", "0.8", "0.5")
     assert recs["a"]["status"] == "pass" and recs["b"]["status"] == "skip" and "DCGM" in recs["b"]["detail"]
+
+
+def test_the_scaled_h200_row_holds_on_a_real_h200():
+    """docs/gpu-acceptance/stress-h200x1: one H200 alone, 662.0 TFLOP/s and 4271.5 GB/s, against the H200 row scaled
+    from the H100 capture's fractions (678 and 4320): 98% and 99%, a pass; the only GPU is its own median."""
+    reg = {"rc": 0, "stdout": (CAP.parent / "stress-h200x1" / "stress.log").read_text(encoding="utf-8")}
+    rec = gs.records({"h200": gs.parse_output(reg)})["h200"]
+    assert rec["status"] == "pass", rec["detail"]
+    gpu = rec["data"]["gpus"][0]
+    assert gpu["of_expected"] == {"tflops": 0.976, "gbps": 0.989}
+    assert "1 x NVIDIA H200 on h200: bf16 matmul 662-662 TFLOP/s, HBM copy 4271.5-4271.5 GB/s" in rec["detail"]
+    assert "678 TFLOP/s and 4320 GB/s expected for H200 SXM" in rec["detail"]

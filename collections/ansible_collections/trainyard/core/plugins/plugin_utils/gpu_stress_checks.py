@@ -43,7 +43,8 @@ GPU_ROWS = (
      "NVIDIA H200 datasheet, H200 NVL: BF16 Tensor Core 1,671 TFLOPS with sparsity (835 dense), 4.8 TB/s", _SCALED),
     (r"H200", "H200 SXM", 989.4, 4800.0,
      "NVIDIA H200 datasheet, H200 SXM: BF16 Tensor Core 1,979 TFLOPS with sparsity (989.4 dense), GPU memory "
-     "bandwidth 4.8 TB/s", _SCALED),
+     "bandwidth 4.8 TB/s", _SCALED + "; checked on one H200: 662.0 TFLOP/s, 4271.5 GB/s "
+     "(docs/gpu-acceptance/stress-h200x1/stress.json)"),
     (r"A100.*80GB.*PCIE|A100.*PCIE.*80GB", "A100 80GB PCIe", 312.0, 1935.0,
      "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (dense), A100 80GB PCIe 1,935 GB/s", _SCALED),
     (r"A100.*80GB", "A100 80GB SXM", 312.0, 2039.0,
