@@ -102,6 +102,11 @@ lines:
   description: The summary, the remembered machines, what was cleared and the nodes that cannot be remembered.
   returned: success
   type: list
+machines:
+  description: The record's entries as written (C({id, last_host, first_failed, last_failed, failures, checks, ...})),
+    for the report and the health page.
+  returned: success
+  type: list
 """
 
 import datetime
@@ -173,4 +178,5 @@ class ActionModule(bases.ControllerAction):
         if out["unknown"]:
             lines.append("Not remembered (no machine identity: the nvidia_driver role did not read the node): "
                          + ", ".join(out["unknown"]))
-        return dict(out, cleared=cleared, record_path=path, record_changed=changed, msg=out["summary"], lines=lines)
+        return dict(out, cleared=cleared, record_path=path, record_changed=changed, msg=out["summary"], lines=lines,
+                    machines=bm.load(new)["machines"])

@@ -266,6 +266,27 @@ def allreduce_section(report: dict) -> dict | None:
     return {"rows": rows, "findings": findings, "bisect": bisect}
 
 
+# ------------------------------------------------------------------------------------------ the exclusion section
+def exclusion_section(report: dict) -> dict | None:
+    """The nodes left out (cluster_node_failure_policy exclude) or remembered, from the report's ``exclusion``
+    (plugin_utils/bad_machines.report_view): {policy, summary, excluded: [{host, id, reason, checks, failing:
+    [record]}] (rank order), remembered, notes, record_path, machines (the record's entries)}; None without it."""
+    ex = report.get("exclusion") or {}
+    if not ex:
+        return None
+    position = {h: i for i, h in enumerate(_hosts_in_rank_order(report))}
+    failing: dict[str, list] = {}
+    for rec in report.get("records") or []:
+        if rec.get("status") in ("fail", "unreachable"):
+            failing.setdefault(rec.get("host"), []).append(rec)
+    excluded = [dict(e, failing=sorted(failing.get(e.get("host"), []), key=lambda r: r.get("check", "")))
+                for e in sorted(ex.get("excluded") or [], key=lambda e: position.get(e.get("host"), 10**9))]
+    return {"policy": ex.get("policy") or "", "summary": ex.get("summary") or "", "excluded": excluded,
+            "hosts": [e["host"] for e in excluded], "remembered": list(ex.get("remembered") or []),
+            "notes": list(ex.get("notes") or []), "record_path": ex.get("record_path") or "",
+            "machines": list(ex.get("machines") or [])}
+
+
 def _mib(nbytes) -> str:
     mib = float(nbytes or 0) / 2**20
     return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
@@ -306,7 +327,7 @@ def render(report: dict, full_matrix_max: int = FULL_MATRIX_MAX) -> str:
         report=report, matrix=matrix, pairwise=pairwise_matrices(report, full_matrix_max), full=full,
         full_matrix_max=full_matrix_max, drift=drift, drift_summary=None if full else drift_summary(drift),
         ranks=ranks if full else rank_map_by_node(ranks), summary=summary(report), plan=plan_section(report),
-        allreduce=allreduce_section(report),
+        allreduce=allreduce_section(report), exclusion=exclusion_section(report),
         status_order=STATUS_ORDER, esc=html.escape)
 
 

@@ -1,11 +1,12 @@
 """Filters of the nccl_check role: the benchmark's result line, the expected bandwidth
-(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py) and the role's records (plugin_utils/allreduce_checks.py)."""
+(plugin_utils/bandwidth_expect.py), the bisection's rounds (plugin_utils/allreduce_bisect.py), the role's records (plugin_utils/allreduce_checks.py) and the
+built-in GPU stress's (plugin_utils/gpu_stress_checks.py)."""
 
 from __future__ import annotations
 
 import json
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect
+from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect, gpu_stress_checks
 from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, inter_node_record,
                                                                                       intra_node_record, sweep_sizes)
 
@@ -40,9 +41,13 @@ def allreduce_result(registered):
 def expect_inter(registered_by_host, profile, nproc=1):
     """The cluster's inter-node expectation from every node's run across the nodes ({host: registered result}, each
     with the node's data NIC): the slowest node's, with ``per_host``."""
-    per_host = {h: bandwidth_expect.nic_expectation(allreduce_result(r).get("nic"), profile, int(nproc or 1))
-                for h, r in (registered_by_host or {}).items()}
-    return dict(bandwidth_expect.group_expectation(per_host), per_host=per_host)
+    results = {h: allreduce_result(r) for h, r in (registered_by_host or {}).items()}
+    per_host = {h: bandwidth_expect.nic_expectation(r.get("nic"), profile, int(nproc or 1)) for h, r in results.items()}
+    ran = next((r for _, r in sorted(results.items()) if r.get("ok")), {})
+    # The busbw a hierarchical all-reduce (a tree on 2 nodes) reaches is above the NICs' rate: the expectation for it.
+    expect = bandwidth_expect.convert_for_nics(bandwidth_expect.group_expectation(per_host), ran.get("nnodes"),
+                                               ran.get("world_size"), ran.get("nccl_env"))
+    return dict(expect, per_host=per_host)
 
 
 def bisect_start(nodes, expect, floor, pass_fraction, inter_record, enabled=True):
@@ -77,4 +82,6 @@ class FilterModule:
                 "trainyard_allreduce_bisect_group": allreduce_bisect.group_of,
                 "trainyard_allreduce_bisect_rounds": allreduce_bisect.max_rounds,
                 "trainyard_allreduce_bisect_record": bisect_record,
-                "trainyard_allreduce_sweep": sweep_sizes}
+                "trainyard_allreduce_sweep": sweep_sizes,
+                "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
+                "trainyard_gpu_stress_records": gpu_stress_checks.records_of}

@@ -41,6 +41,20 @@ def test_every_node_records_the_same_inter_node_figure(containers, tmp_path):
     assert all(rec["status"] == "skip" for rec in intra.values())  # one process per simulated node
 
 
+def test_the_built_in_gpu_stress_skips_on_the_cpu_sim_with_the_reason(containers, tmp_path):
+    """Burn-in tier standard without dcgmi (docs/burn-in.md): gpu_stress.py runs in every node's training container,
+    finds no CUDA device and the record is a skip naming that, never a pass."""
+    r = containers.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}", "-e", "cluster_burnin_tier=standard")
+    assert r.returncode == 0, r.stdout[-4000:]
+    stress = records(tmp_path, "nccl_check.gpu_stress")
+    assert set(stress) == set(containers.nodes), stress
+    for host, rec in stress.items():
+        assert rec["status"] == "skip", rec
+        assert f"built-in GPU stress (burn-in tier standard) not run on {host}: no CUDA device visible to torch" \
+            in rec["detail"], rec
+    assert "nccl_check.gpu_stress" not in json.dumps(records(tmp_path, "nccl_check.inter_node"))
+
+
 def test_a_floor_above_the_figure_fails_every_node_naming_it(containers, tmp_path):
     r = containers.playbook(PLAYBOOK, "-e", f"cluster_run_dir={tmp_path}", "-e", "nccl_check_min_inter_busbw_gbps=1000")
     assert r.returncode != 0

@@ -228,3 +228,40 @@ def test_the_allreduce_section_shows_measured_against_expected_and_the_slow_node
     assert "<li>n2 is slow: 0.9 GB/s with n1, a node measured fine</li>" in page
     assert "allreduce_pair_busbw_gbps" in page
     assert _page.allreduce_section({"records": [{"host": "n1", "check": "network.mtu", "status": "pass"}]}) is None
+
+
+def test_an_excluded_node_is_shown_with_its_failing_check_and_the_record():
+    """cluster_node_failure_policy exclude: n3 failed nvidia_driver.version and is left out, n2 is left out as a
+    machine the record remembers; the page names both as excluded, with the failing check, and lists the record."""
+    from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines as bm
+
+    report = _report()
+    report["failures"] = [r for r in report["records"] if r["status"] == "fail"]
+    report["failed"] = True
+    machines = [{"id": "m-3f9c1a2b7d40", "last_host": "n3", "first_failed": "2026-11-27T07:00:00Z",
+                 "last_failed": "2026-11-27T09:00:00Z", "failures": 2, "checks": ["nvidia_driver.version: driver 570.1"]},
+                {"id": "m-0000000000a2", "last_host": "n2", "first_failed": "2026-11-26T07:00:00Z",
+                 "last_failed": "2026-11-26T07:00:00Z", "failures": 1, "checks": ["nvidia_driver.pcie_link: x8"]}]
+    exclusion = {"policy": "exclude", "summary": "2 of 3 nodes left out: n3, n2; launching on 1",
+                 "excluded": [{"host": "n3", "id": "m-3f9c1a2b7d40", "reason": "failed",
+                               "checks": ["nvidia_driver.version: driver 570.1"]},
+                              {"host": "n2", "id": "m-0000000000a2", "reason": "remembered",
+                               "checks": ["remembered as bad machine m-0000000000a2 (nvidia_driver.pcie_link: x8)"]}],
+                 "remembered": [], "kept": ["n1"], "unknown": [], "notes": [],
+                 "record_path": "/srv/runs/bad_machines.json", "machines": machines}
+    view = bm.report_view(report, exclusion)
+    section = _page.exclusion_section(view)
+    assert section["hosts"] == ["n2", "n3"]  # rank order
+    assert [r["check"] for r in section["excluded"][1]["failing"]] == ["nvidia_driver.version"]
+    page = _page.render(view)
+    parser = _Cells("tr")
+    parser.feed(page)
+    rows = [c for c in parser.cells if c.get("data-reason")]
+    assert {(c["data-host"], c["data-reason"], c.get("data-check")) for c in rows} == {
+        ("n3", "failed", "nvidia_driver.version"), ("n2", "remembered", "network.path_mtu")}
+    assert 'id="exclusion" data-policy="exclude" data-excluded="n2 n3"' in page
+    assert "<td>n3</td><td>excluded</td>" in page and "install 580.159.04 on n3" in page
+    assert "remembered from an earlier run" in page and "failed a check of this run" in page
+    assert 'data-machine="m-3f9c1a2b7d40"' in page and "/srv/runs/bad_machines.json" in page
+    assert "<th>n3 (excluded)</th>" in page and "<td>n3 (excluded)</td>" in page
+    assert _page.exclusion_section(_report()) is None and 'id="exclusion"' not in _page.render(_report())

@@ -28,12 +28,24 @@ def test_estimate_sums_the_documented_per_node_times_over_rounds_of_forks():
         burnin.estimate("slow", 2)
 
 
+def test_estimate_covers_the_built_in_stress_where_dcgmi_is_absent():
+    s = burnin.estimate("standard", 2, 64, gpus=8, stress_s=20)
+    # 8 x (20 + 0.5) + 10 = 174 s, longer than DCGM level 2's 120 s: it counts.
+    assert s["per_node_s"] == 10 + 174 and "built-in stress 8 GPU(s) x 20 s = 174 s" in s["text"]
+    assert "wall_s 81.1" in s["sources"]["stress"]
+    long = burnin.estimate("long", 2, 64, gpus=4, stress_s=300)
+    assert long["per_node_s"] == 10 + 1212 and "about 20 min" in long["text"]
+    assert burnin.estimate("standard", 2, 64, gpus=1, stress_s=20)["per_node_s"] == 130  # DCGM's 120 s is longer
+    assert "stress" not in burnin.estimate("quick", 2, 64, gpus=8, stress_s=20)["text"]
+
+
 def test_burnin_record_skips_with_the_reason_without_gpu_or_dcgmi():
     assert burnin.burnin_record("n", "quick", True)["status"] == "skip"
     rec = burnin.burnin_record("cpu1", "standard", False)
     assert rec["status"] == "skip" and "no GPU device" in rec["detail"] and "level 2" in rec["detail"]
     rec = burnin.burnin_record("g1", "long", True, dcgmi=None)
     assert rec["status"] == "skip" and "dcgmi is not installed" in rec["detail"] and "level 3" in rec["detail"]
+    assert "built-in matmul/HBM stress runs instead" in rec["detail"] and "nccl_check.gpu_stress" in rec["detail"]
 
 
 def test_dcgm_failure_names_the_test_and_gpu():

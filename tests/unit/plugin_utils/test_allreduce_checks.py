@@ -3,6 +3,8 @@ them through filter_plugins/nccl_check.py."""
 
 from __future__ import annotations
 
+import json
+
 from helpers import load
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect as ab
@@ -141,3 +143,17 @@ def test_a_gloo_run_is_not_held_to_the_gpu_table():
     assert rec["status"] == "pass" and rec["data"]["expected_gbps"] is None
     assert rec["detail"].startswith("busbw 0.8 GB/s; no expectation for 8x NVIDIA H200, NVLink4 (18 links) through "
                                     "NVSwitch (measured with gloo; the table is NCCL's), floor 0.05 GB/s (gloo,")
+
+
+def test_the_inter_node_record_gives_the_per_nic_rate():
+    ib = {"iface": "ib0", "rdma": [{"device": f"mlx5_{i}", "port": 1, "rate_gbps": 200, "link_layer": "InfiniBand",
+                                    "state": "4: ACTIVE"} for i in range(8)]}
+    line = ('trainyard-allreduce: {"busbw_gbps": 300.0, "backend": "nccl", "world_size": 16, "nnodes": 2, '
+            '"nccl_env": {}, "nic": %s}' % json.dumps(ib))
+    runs = {"n1": {"rc": 0, "stdout": line}, "n2": {"rc": 0, "stdout": line}}
+    expect = flt.expect_inter(runs, "ib", 8)
+    assert expect["gbps"] == 337.5 and expect["relation"]["algorithm"] == "tree"
+    rec = ac.inter_node_record(flt.allreduce_result(runs["n1"]), 2, 1.0, 0, None, 39511, expect, (0.8, 0.5))
+    assert rec["status"] == "pass" and "300 GB/s = 89% of the 337.5 GB/s expected" in rec["detail"]
+    assert rec["data"]["per_nic_gbps"] == 20.0
+    assert "per NIC 20 GB/s over 8 NIC(s) per node (NCCL picks a tree" in rec["detail"]

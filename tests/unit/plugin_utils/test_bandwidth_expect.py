@@ -114,3 +114,70 @@ def test_grades_read_measured_against_expected():
                                               "interface: no line rate), floor 1 GB/s")
     assert be.grade(0.5, none, 1)[0] == "fail"
     assert be.threshold(e, 50) == 256.0 and be.threshold(none, 1) == 1.0
+
+
+# ------------------------------------------------------------------------------------- checked on real hardware
+CAP = Path(__file__).resolve().parents[3] / "docs" / "gpu-acceptance" / "stress-h100x4"
+
+
+def test_the_table_on_the_real_h100x4_capture():
+    """docs/gpu-acceptance/stress-h100x4 (4 x H100 80GB HBM3, NVSwitch, no NVLS): nvidia-smi -q -x and nvlink -s
+    through the parsers module nvidia_gpu_facts uses, the expectation for 4 ranks, and the product's own sweep
+    (allreduce-intra.log, its result line read as the role reads it) graded as the role grades it."""
+    import json
+
+    from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import intra_node_record
+    from helpers import load
+
+    facts = nvidia_smi.parse_query_xml((CAP / "nvidia-smi-q.xml").read_text())
+    links = nvidia_smi.parse_nvlink_status((CAP / "nvlink-s.txt").read_text())
+    for g in facts["gpus"]:
+        g["nvlink"] = links.get(g["index"])
+    assert [g["nvlink"]["active"] for g in facts["gpus"]] == [18] * 4
+    expect = be.intra_expectation(facts, 4)
+    assert expect["gbps"] == 320.0
+    assert expect["hardware"] == "4x NVIDIA H100 80GB HBM3, NVLink4 (18 links) through NVSwitch"
+
+    filters = load("filter_plugins/nccl_check.py", "nccl_check_filters")
+    result = filters.allreduce_result({"rc": 0, "stdout": (CAP / "allreduce-intra.log").read_text()})
+    assert result["busbw_gbps"] == json.loads((CAP / "allreduce-intra.json").read_text())["busbw_gbps"] == 354.863
+    rec = intra_node_record(result, 50.0, 0, expect, (0.8, 0.5))
+    assert rec["status"] == "pass"
+    assert ("354.863 GB/s = 111% of the 320 GB/s expected for 4x NVIDIA H100 80GB HBM3, NVLink4 (18 links) through "
+            "NVSwitch, floor 50 GB/s") in rec["detail"]
+
+
+# ------------------------------------------------------------------------------------- busbw and the per-NIC rate
+IB8 = {"iface": "ib0", "rdma": [{"device": f"mlx5_{i}", "port": 1, "rate_gbps": 200, "link_layer": "InfiniBand",
+                                  "state": "4: ACTIVE"} for i in range(8)]}
+
+
+def test_per_nic_conversion_of_a_tree_on_two_nodes():
+    """2 nodes x 8 GPUs, one 200G IB NIC per GPU, NCCL_ALGO unset: NCCL runs a tree (nccl-tests#196), each NIC carries
+    busbw x (k-1)/(n-1) = busbw / 15 and the busbw expected is the NICs' 180 GB/s x 15 x 2 / 16 = 337.5 GB/s."""
+    rel = be.nic_relation(2, 16, {})
+    assert rel["hierarchical"] and rel["algorithm"] == "tree" and rel["per_nic_factor"] == pytest.approx(1 / 15)
+    assert "per NIC = busbw x (k - 1) / (n - 1) = busbw x 1/15" in rel["text"]
+    e = be.convert_for_nics(be.nic_expectation(IB8, "ib", 8), 2, 16, {"NCCL_VERSION": "2.28.9"})
+    assert e["nic_gbps"] == 180.0 and e["gbps"] == 337.5
+    # A NIC at two thirds of its rate: busbw 200 GB/s passed as 111% of 180 before the conversion; now it warns.
+    status, text = be.grade(200.0, e, 1.0)
+    assert status == "warn" and text.startswith("200 GB/s = 59% of the 337.5 GB/s expected for 8x IB 200 Gb/s (NCCL "
+                                                "picks a tree (or NVLS tree) on 2 nodes: per NIC = busbw x (k - 1) / "
+                                                "(n - 1) = busbw x 1/15)")
+
+
+def test_rings_need_no_conversion():
+    for nodes, env in ((2, {"NCCL_ALGO": "Ring"}), (4, {}), (3, {"NCCL_ALGO": "^tree"})):
+        e = be.convert_for_nics(be.nic_expectation(IB8, "ib", 8), nodes, nodes * 8, env)
+        assert e["gbps"] == 180.0 and not e["relation"]["hierarchical"] and "nic_gbps" not in e
+        assert e["relation"]["per_nic_factor"] == 1 / 8  # the node's busbw over its 8 NICs
+    forced = be.nic_relation(4, 32, {"NCCL_ALGO": "NVLSTree"})
+    assert forced["hierarchical"] and forced["per_nic_factor"] == pytest.approx(3 / 31)
+    assert be.nic_relation(2, 2, {})["node_factor"] == 1.0  # one rank per node: busbw is the NIC rate
+    assert be.nic_relation(1, 8, {})["algorithm"] == ""
+
+
+def test_one_nic_for_all_the_ranks_of_a_node():
+    rel = be.nic_relation(2, 16, {}, nics=1)
+    assert rel["per_nic_factor"] == pytest.approx(8 / 15) and "x 8/1 (1 NIC(s) for 8 ranks per node)" in rel["text"]

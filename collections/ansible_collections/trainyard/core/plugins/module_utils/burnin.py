@@ -2,8 +2,9 @@
 """Burn-in tiers (docs/burn-in.md): what each tier runs, how long it takes, and the verdict of DCGM's diagnostics.
 
 Tiers: ``quick`` (the preflight with the quick checks: seconds), ``standard`` (DCGM diagnostics level 2 where
-``dcgmi`` is installed: about two minutes), ``long`` (DCGM level 3: about 15 minutes). Durations per node, nodes in
-parallel up to Ansible's forks. Pure (standard library only); unit tests: tests/unit/test_burnin.py.
+``dcgmi`` is installed: about two minutes; elsewhere the built-in stress of the nccl_check role, 20 s per GPU),
+``long`` (DCGM level 3: about 15 minutes; elsewhere the built-in stress, 300 s per GPU). Durations per node, nodes in
+parallel up to Ansible's forks. Pure (standard library only); unit tests: tests/unit/module_utils/test_burnin.py.
 """
 
 from __future__ import annotations
@@ -25,21 +26,44 @@ ESTIMATES = {
 }
 
 
-def estimate(tier, nodes, forks=5):
+# The built-in stress (roles/nccl_check/files/gpu_stress.py) per node: its seconds per GPU for every GPU plus what
+# the measured run spent beyond them, and torch's start in the container.
+STRESS_PER_GPU_OVERHEAD_S = 0.5
+STRESS_START_S = 10
+STRESS_SOURCE = ("measured: the stress at 20 s per GPU took wall_s 81.1 s on 4 x H100 (20.3 s per GPU, "
+                 "docs/gpu-acceptance/stress-h100x4/stress.json); 10 s for torch's import and CUDA's start in the "
+                 "container, an estimate")
+
+
+def estimate(tier, nodes, forks=5, gpus=0, stress_s=0):
     """{tier, seconds, per_node_s, rounds, text, sources} for `nodes` nodes at `forks` at a time; the quick tier is
-    part of every tier."""
+    part of every tier. With `gpus` per node and the built-in stress's `stress_s` per GPU (nccl_check_stress_*_s; 0:
+    the stress is off), a node runs DCGM or the stress (where dcgmi is absent), and the longer of the two counts."""
     if tier not in TIERS:
         raise ValueError("cluster_burnin_tier is %r. Fix: set it to quick, standard or long" % (tier,))
     nodes, forks = max(int(nodes or 0), 0), max(int(forks or 1), 1)
+    gpus, stress_s = max(int(gpus or 0), 0), max(float(stress_s or 0), 0.0)
     rounds = -(-nodes // forks) if nodes else 0
-    per_node = ESTIMATES["quick"][0] + (ESTIMATES[tier][0] if tier != "quick" else 0)
+    parts = ["quick %d s" % ESTIMATES["quick"][0]]
+    sources = {"quick": ESTIMATES["quick"][1]}
+    extra = 0
+    if tier != "quick":
+        extra = ESTIMATES[tier][0]
+        sources[tier] = ESTIMATES[tier][1]
+        dcgm = "DCGM level %d %d s" % (DCGM_LEVEL[tier], ESTIMATES[tier][0])
+        if gpus and stress_s:
+            stress = int(round(gpus * (stress_s + STRESS_PER_GPU_OVERHEAD_S) + STRESS_START_S))
+            extra = max(extra, stress)
+            sources["stress"] = STRESS_SOURCE
+            dcgm += (" or, where dcgmi is absent, the built-in stress %d GPU(s) x %g s = %d s (the longer counts)"
+                     % (gpus, stress_s, stress))
+        parts.append(dcgm)
+    per_node = ESTIMATES["quick"][0] + extra
     seconds = rounds * per_node
-    parts = ["quick %d s" % ESTIMATES["quick"][0]] + (["DCGM level %d %d s" % (DCGM_LEVEL[tier], ESTIMATES[tier][0])]
-                                                       if tier != "quick" else [])
     text = ("burn-in tier %s: about %s on this cluster (%d node(s), %d at a time: %d round(s) of %d s per node = %s)"
             % (tier, _human(seconds), nodes, forks, rounds, per_node, " + ".join(parts)))
     return {"tier": tier, "seconds": seconds, "per_node_s": per_node, "rounds": rounds, "text": text,
-            "sources": {t: ESTIMATES[t][1] for t in ("quick", tier)}}
+            "sources": sources}
 
 
 def _human(seconds):
@@ -80,7 +104,7 @@ def dcgm_results(data):
 def burnin_record(host, tier, has_gpu, dcgmi=None, rc=None, stdout=""):
     """nvidia_driver.burnin of one node: quick needs nothing more (skip naming the quick checks); standard/long: the
     DCGM diagnostics' verdict where dcgmi ran, else skip with the reason (no GPU device, or dcgmi missing: the
-    built-in stress is not part of this version)."""
+    nccl_check role's built-in stress, nccl_check.gpu_stress, runs there)."""
     def rec(status, detail, fix="", data=None):
         return {"check": "nvidia_driver.burnin", "status": status, "detail": detail,
                 "fix": fix if status != "pass" else "", "data": data or {}}
@@ -92,9 +116,11 @@ def burnin_record(host, tier, has_gpu, dcgmi=None, rc=None, stdout=""):
         return rec("skip", "burn-in tier %s: no GPU device on %s (/dev/nvidia0 absent): DCGM diagnostics level %d "
                    "not run" % (tier, host, level))
     if not dcgmi:
-        return rec("skip", "burn-in tier %s: dcgmi is not installed on %s: DCGM diagnostics level %d not run (the "
-                   "built-in matmul/HBM stress is not part of this version)" % (tier, host, level),
-                   "install DCGM (datacenter-gpu-manager) on %s to run the %s tier" % (host, tier))
+        return rec("skip", "burn-in tier %s: dcgmi is not installed on %s: DCGM diagnostics level %d not run; the "
+                   "built-in matmul/HBM stress runs instead in the training container (nccl_check.gpu_stress)"
+                   % (tier, host, level),
+                   "install DCGM (datacenter-gpu-manager) on %s for DCGM's diagnostics; the built-in stress needs the "
+                   "nccl_check role on (nccl_check_enabled)" % host)
     try:
         results = dcgm_results(json.loads(stdout or ""))
     except ValueError:

@@ -75,6 +75,12 @@ def inter_node_record(result, nnodes, floor, rc=None, env_file=None, port=None, 
     ), (_INTER_FIX_FAILED.format(env_file="the env file" if env_file is None else env_file, port=port),
         _INTER_FIX_SLOW), expect, fractions)
     rec["data"]["drift"] = {"nccl_inter_busbw_gbps": result.get("busbw_gbps")}
+    rel = (expect or {}).get("relation") or {}
+    if rel.get("algorithm") and result.get("ok") and result.get("busbw_gbps") is not None:
+        # What each NIC carried (bandwidth_expect.nic_relation): the ring's busbw / NICs, a tree's busbw x (k-1)/(n-1).
+        per_nic = round(float(result["busbw_gbps"]) * rel["per_nic_factor"], 3)
+        rec["data"].update(per_nic_gbps=per_nic, nic_relation=rel)
+        rec["detail"] += f"; per NIC {per_nic:g} GB/s over {rel['nics']} NIC(s) per node ({rel['text']})"
     return rec
 
 

@@ -176,7 +176,7 @@ def report_view(report, exclusion):
     out = dict(report)
     left = {e["host"] for e in exclusion.get("excluded") or []}
     out["exclusion"] = {k: exclusion.get(k) for k in ("policy", "excluded", "remembered", "kept", "unknown", "summary",
-                                                      "notes", "record_path")}
+                                                      "notes", "record_path", "machines")}
     out["excluded_failures"] = [r for r in report.get("failures") or [] if r.get("host") in left]
     out["failures"] = [r for r in report.get("failures") or [] if r.get("host") not in left]
     out["failed"] = bool(out["failures"])

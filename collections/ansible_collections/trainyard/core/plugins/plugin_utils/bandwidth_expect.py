@@ -134,7 +134,7 @@ def nic_expectation(nic: dict | None, profile: str, nproc: int = 1) -> dict:
             return _none(iface, f"{iface} reports no link speed")
         line = speed / 1000.0
         return {"gbps": round(line / 8 * eff, 3), "hardware": f"TCP over {iface} at {line:g} Gb/s",
-                "source": source, "reason": ""}
+                "source": source, "reason": "", "nics": 1}
     ports = [p for p in nic.get("rdma") or [] if str(p.get("state", "")).upper().endswith("ACTIVE")]
     want = _RDMA_LINK_LAYER.get(profile)
     if want:
@@ -149,7 +149,7 @@ def nic_expectation(nic: dict | None, profile: str, nproc: int = 1) -> dict:
     return {"gbps": round(line / 8 * eff, 3),
             "hardware": f"{len(used)}x {profile.upper()} {used[0]:g} Gb/s" if len(set(used)) == 1
             else f"{profile.upper()} {'+'.join(f'{r:g}' for r in used)} Gb/s",
-            "source": source, "reason": ""}
+            "source": source, "reason": "", "nics": len(used)}
 
 
 def group_expectation(per_host: dict) -> dict:
@@ -164,6 +164,58 @@ def group_expectation(per_host: dict) -> dict:
     host, low = min(per_host.items(), key=lambda kv: (kv[1]["gbps"], kv[0]))
     same = len({e["hardware"] for e in per_host.values()}) == 1
     return dict(low, hardware=low["hardware"] if same else f"{low['hardware']} on {host}")
+
+
+# ------------------------------------------------------------------------------------- busbw and the per-NIC rate
+# NCCL_ALGO values of a hierarchical all-reduce (reduce inside the node, all-reduce between the nodes, broadcast inside
+# the node): only 2 (k - 1) / k x S leaves each of the k nodes instead of a ring's 2 (n - 1) / n x S.
+HIERARCHICAL_ALGOS = ("tree", "nvlstree", "nvls", "collnetdirect", "collnetchain", "collnet", "pat")
+
+
+def nic_relation(nnodes, nranks, nccl_env: dict | None = None, nics: int | None = None) -> dict:
+    """How the busbw of an all-reduce over ``nranks`` ranks on ``nnodes`` nodes relates to the NIC rate
+    (docs/bandwidth.md): {algorithm, hierarchical, node_factor, per_nic_factor, text}.
+
+    nccl-tests' busbw = algbw x 2 (n - 1) / n (doc/PERFORMANCE.md). A ring sends 2 (n - 1) / n x S through each node's
+    NICs: busbw is the node's NIC bandwidth (node_factor 1). A hierarchical all-reduce (tree, NVLS tree, CollNet)
+    sends 2 (k - 1) / k x S: the node's NIC bandwidth is busbw x (k - 1) n / ((n - 1) k), and with one NIC per GPU
+    (n / k NICs per node) each NIC carries busbw x (k - 1) / (n - 1): the issue's per-NIC conversion. Which one ran:
+    NCCL_ALGO when it names only ring or only hierarchical algorithms; else NCCL's own choice at large messages,
+    a tree on 2 nodes and rings on 3 or more (NVIDIA/nccl-tests#196 and #160, the NCCL maintainer's answers)."""
+    k, n = int(nnodes or 0), int(nranks or 0)
+    nics = max(int(nics or 0), 1) if nics else max(n // k, 1) if k > 0 and n >= k else 1
+    one = {"algorithm": "", "hierarchical": False, "node_factor": 1.0, "per_nic_factor": 1.0 / nics, "nics": nics,
+           "text": ""}
+    if k < 2 or n < k:
+        return one
+    named = [a.strip().lower() for a in str((nccl_env or {}).get("NCCL_ALGO") or "").split(",") if a.strip()]
+    if named and not named[0].startswith("^") and all(a == "ring" for a in named):
+        algo, hier, why = "ring", False, "NCCL_ALGO=Ring"
+    elif named and not named[0].startswith("^") and all(a in HIERARCHICAL_ALGOS for a in named):
+        algo, hier, why = named[0], True, "NCCL_ALGO=" + ",".join(named)
+    elif k == 2:
+        algo, hier, why = "tree", True, "NCCL picks a tree (or NVLS tree) on 2 nodes"
+    else:
+        algo, hier, why = "ring", False, "NCCL picks rings on 3 or more nodes at large messages"
+    if not hier or n == k:
+        return dict(one, algorithm=algo, text=f"{why}: busbw = the node's NIC bandwidth")
+    node = (k - 1) * n / ((n - 1) * k)
+    return {"algorithm": algo, "hierarchical": True, "node_factor": node, "per_nic_factor": node / nics, "nics": nics,
+            "text": f"{why}: per NIC = busbw x (k - 1) / (n - 1) = busbw x {k - 1}/{n - 1}"
+                    + ("" if nics * k == n else f" x {n // k}/{nics} ({nics} NIC(s) for {n // k} ranks per node)")}
+
+
+def convert_for_nics(expect: dict | None, nnodes, nranks, nccl_env: dict | None = None) -> dict:
+    """The inter-node expectation (in busbw) for the algorithm that ran: a hierarchical all-reduce's busbw is the
+    NICs' rate / node_factor, so the expected busbw is raised by that much; the relation is kept as ``relation``."""
+    expect = dict(expect or {})
+    rel = nic_relation(nnodes, nranks, nccl_env, expect.get("nics"))
+    expect["relation"] = rel
+    if expect.get("gbps") and rel["hierarchical"]:
+        expect["nic_gbps"] = expect["gbps"]
+        expect["gbps"] = round(float(expect["gbps"]) / rel["node_factor"], 3)
+        expect["hardware"] = f"{expect.get('hardware')} ({rel['text']})"
+    return expect
 
 
 def grade(measured, expect: dict | None, floor, pass_fraction: float = 0.8, warn_fraction: float = 0.5) -> tuple:
