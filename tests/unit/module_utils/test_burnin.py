@@ -2,14 +2,17 @@
 record (skip with the reason on the CPU sim, DCGM's verdict where dcgmi ran) and the gpu_burnin module's docs."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from ansible_collections.trainyard.core.plugins.module_utils import burnin
 
+DATA = Path(__file__).resolve().parents[2] / "data/dcgm"
+
 # A dcgmi diag -j result written after DCGM 3.x's layout ("DCGM GPU Diagnostic", test categories, tests with results
-# per GPU), NOT a capture (no DCGM output was at hand; docs/burn-in.md says so): the parser relies only on objects with
-# a name and a list of results carrying a status. One GPU fails the memory test.
+# per GPU), not a capture (the capture, all passing, is tests/data/dcgm/): the parser relies only on objects with a
+# name and a list of results carrying a status. One GPU fails the memory test.
 DCGM = {"DCGM GPU Diagnostic": {"test_categories": [
     {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}]},
     {"category": "Hardware", "tests": [{"name": "GPU Memory", "results": [
@@ -58,3 +61,19 @@ def test_dcgm_failure_names_the_test_and_gpu():
     bad = burnin.burnin_record("g1", "standard", True, "/usr/bin/dcgmi", 1, "Error: unable to connect to host engine")
     assert bad["status"] == "fail" and "nv-hostengine" in bad["fix"]
     assert burnin.dcgm_argv("/usr/bin/dcgmi", "long") == ["/usr/bin/dcgmi", "diag", "-r", "3", "-j"]
+
+
+def test_dcgm_real_output_with_text_before_the_document_passes():
+    # NVIDIA's own "real output" of dcgmi diag -j (DCGM 3.1.0, 8 GPUs; tests/data/dcgm/README.md): a warning line
+    # before the JSON, null entries between the tests, gpu_ids as a list in a string and as numbers.
+    text = (DATA / "dcgmi-diag-3.1.0-8gpu.out").read_text()
+    rec = burnin.burnin_record("h1", "standard", True, "/usr/bin/dcgmi", 0, text)
+    assert rec["status"] == "pass", rec
+    assert "17 test result(s), none failed" in rec["detail"]
+    tests = {(r["test"], r["gpu"]) for r in rec["data"]["results"]}
+    assert ("Inforom", "0,1,2,3,4,5,6,7") in tests and ("software", "7") in tests
+    # The same output with one GPU's software test failing names that GPU.
+    failing = text.replace('"gpu_ids": 5,\n\t\t\t\t\t\t\t\t"status": "PASS"', '"gpu_ids": 5,\n\t\t\t\t\t\t\t\t"status": "FAIL"')
+    assert failing != text
+    bad = burnin.burnin_record("h1", "standard", True, "/usr/bin/dcgmi", 226, failing)
+    assert bad["status"] == "fail" and "software GPU 5 FAIL" in bad["detail"]

@@ -74,6 +74,20 @@ def dcgm_argv(dcgmi, tier):
     return [dcgmi, "diag", "-r", str(DCGM_LEVEL[tier]), "-j"]
 
 
+def dcgm_document(stdout):
+    """The JSON document of ``dcgmi diag -j`` output; None when there is none. Text before it (DCGM prints warnings
+    there: NVIDIA/DCGM nvvs/src/tests/JsonResultTests.cpp reads its "real output" from the first '{') and after it is
+    skipped."""
+    text = stdout or ""
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text, start)[0]
+    except ValueError:
+        return None
+
+
 def dcgm_results(data):
     """Every test result of `dcgmi diag -j` output: [(test name, gpu ids, status, text)]. Walks the JSON for
     objects with a name and a list of results (DCGM's layout changed between versions; the names stay)."""
@@ -121,10 +135,7 @@ def burnin_record(host, tier, has_gpu, dcgmi=None, rc=None, stdout=""):
                    % (tier, host, level),
                    "install DCGM (datacenter-gpu-manager) on %s for DCGM's diagnostics; the built-in stress needs the "
                    "nccl_check role on (nccl_check_enabled)" % host)
-    try:
-        results = dcgm_results(json.loads(stdout or ""))
-    except ValueError:
-        results = []
+    results = dcgm_results(dcgm_document(stdout))
     if not results:
         return rec("fail", "dcgmi diag -r %d on %s gave no test results (exit %s): %s" % (
             level, host, rc, (stdout or "").strip()[:300] or "no output"),
