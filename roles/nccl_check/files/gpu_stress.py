@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Per-GPU stress of the burn-in tiers without DCGM: dense matmul TFLOP/s and HBM copy bandwidth, one process.
 
-    python3 gpu_stress.py --seconds 20 [--matmul-n 8192] [--copy-mib 2048] [--dtype bf16] [--json OUT]
+    python3 gpu_stress.py --seconds 20 [--env-file nccl.env] [--matmul-n 8192] [--copy-mib 2048] [--dtype bf16] \
+        [--json OUT]
 
-For every visible GPU in turn (CUDA_VISIBLE_DEVICES decides which): a square matmul of n x n in the given dtype
+For every GPU of the node's job in turn (CUDA_VISIBLE_DEVICES decides which: from --env-file, the rendered nccl.env
+that gives the job its GPUs, else the environment): a square matmul of n x n in the given dtype
 repeated for half the seconds (TFLOP/s = 2 n^3 per matmul), then a device-to-device copy of copy-mib MiB for the other
 half (bandwidth = 2 x bytes per copy: one read and one write of HBM, as STREAM's copy counts it). Each figure is the
 median of its timed windows (each window one CUDA-event-timed batch), with the minimum and maximum beside it, so a GPU
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -117,7 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-mib", type=int, default=2048)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--json", default="")
+    ap.add_argument("--env-file", action="append", default=[],
+                    help="KEY=VALUE lines applied before torch starts (the node's nccl.env: CUDA_VISIBLE_DEVICES)")
     args = ap.parse_args(argv)
+    if args.env_file:
+        # The sweep's reader (allreduce_bench.py sits beside this script in the job's read-only directory).
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from allreduce_bench import load_env_file
+        for path in args.env_file:
+            os.environ.update(load_env_file(path))
     result: dict = {"seconds": args.seconds}
     try:
         import torch
@@ -132,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         result["gpus"] = [stress_one(torch, i, args.seconds, args.matmul_n, args.copy_mib, args.dtype)
                           for i in range(torch.cuda.device_count())]
         smi = _smi()
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         for gpu in result["gpus"]:
             gpu["smi_after"] = smi.get(gpu["uuid"], {})
+            # The index nvidia-smi gives this GPU (PCI order), where CUDA_VISIBLE_DEVICES lists indexes.
+            gpu["cuda_index"] = gpu["index"]
+            if gpu["index"] < len(visible) and visible[gpu["index"]].isdigit():
+                gpu["index"] = int(visible[gpu["index"]])
         result["wall_s"] = round(time.monotonic() - started, 1)
     line = json.dumps(result, sort_keys=True)
     print(PREFIX + " " + line, flush=True)
