@@ -48,6 +48,20 @@ options:
     description: Seconds between tries while waiting.
     type: float
     default: 2
+  try_once:
+    description:
+      - "One try, no wait and no failure: a lock free, this run's or of a provably dead holder is taken (as with
+        I(wait_s)); one held by another run is returned in I(lock_holder) with I(acquired=false), nothing else done.
+        The playbook tries every node at once this way and takes the head-first path (waiting) only when one was
+        held (roles/cluster/tasks/lock.yml)."
+    type: bool
+    default: false
+  node_released:
+    description: "With I(state=absent), the node gave the lock back already (the module C(job_reset) released it in
+      the same call as its last change): only the controller's note for the heartbeat refresher is left, no round
+      trip to the node."
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -83,9 +97,14 @@ record:
   description: This run's record (who and what), as stored on the node.
   returned: always
   type: dict
+ansible_facts:
+  description: C(cluster_lock_token), this run's token (the same on every node), set on the host (state=present).
+  returned: state=present
+  type: dict
 lock_holder:
-  description: The record of the run that holds the lock, when the task failed because of it.
-  returned: failure
+  description: The record of the run that holds the lock, when the task failed because of it (or, with I(try_once),
+    when it was not taken).
+  returned: failure, or try_once when held
   type: dict
 """
 
@@ -134,6 +153,8 @@ class ActionModule(ActionBase):
         stale_s = float(a.get("stale_s", 300))
         brk = boolean(a.get("break", False), strict=False)
         poll_s = max(0.2, float(a.get("poll_s", 2)))
+        try_once = boolean(a.get("try_once", False), strict=False)
+        node_released = boolean(a.get("node_released", False), strict=False)
         node = task_vars.get("inventory_hostname", "?")
 
         # That it lies outside the directories the container mounts, the validate play checked for every trainer.
@@ -157,11 +178,16 @@ class ActionModule(ActionBase):
                                  lk.pid_namespace())
         token = record["token"]
         result["record"] = record
+        if state == "present":
+            # The run's token on the host, for a module that gives the lock back in the call of the node's last
+            # change (reset.yml: job_reset's release_lock).
+            result["ansible_facts"] = {"cluster_lock_token": token}
 
         marker = lk.marker_path(MARKER_DIR, pid, ticks)
         released = lk.released_path(marker, node, path)
         if state == "absent":
-            r = self._lock_module(task_vars, path=path, state="absent", token=token)
+            r = {"released": False} if node_released else \
+                self._lock_module(task_vars, path=path, state="absent", token=token)
             if r.get("failed"):
                 return dict(result, **r)
             if not self._task.check_mode and os.path.exists(marker):
@@ -204,6 +230,8 @@ class ActionModule(ActionBase):
                 gone = (reason, r.get("age_s")) if verdict == lk.GONE else None
                 continue
             lock_file = r.get("lock") or os.path.join(path, lk.LOCK_NAME)
+            if try_once:
+                return dict(result, acquired=False, lock_holder=holder)
             if self._task.check_mode:
                 display.warning("%s: would take over the cluster lock of %s: %s" % (
                     node, lk.describe(holder, r.get("age_s")), reason) if verdict == lk.GONE else

@@ -72,10 +72,35 @@ options:
     default: ""
   probe_paths:
     description: Paths whose existence the caller's next steps need (for example the janitor's systemd timer), read in
-      the same call and returned in C(probed). Nothing is opened or followed.
+      the same call and returned in C(probed). Nothing is opened or followed. With I(release_lock), one that exists
+      keeps the lock (the step it stands for changes the node after this call).
     type: list
     elements: path
     default: []
+  container_restart:
+    description:
+      - The container role's reset policy (C(reset_container)), judged here on the state read in the same call and
+        returned in C(container.action) (C(restart), C(create), C(read) when the engine did not answer, or C(none)).
+        C(auto) restarts a container that is stopped or in which the job left files this call removed; C(always)
+        restarts it; C(never) (or an empty I(container)) leaves it alone. A missing container is created unless
+        C(never).
+    type: str
+    choices: [auto, always, never]
+    default: never
+  release_lock:
+    description:
+      - "The node's cluster lock to give back at the end of this call, C({path, token}) (C(cluster_lock_dir) and the
+        run's token): only when this call is the node's last change of the run, that is when no process of the job
+        survived, C(container.action) is C(none), no I(probe_paths) exists and I(keep_lock) is false. Saves the
+        release's own round trip; C(lock_released) says whether it was given back. A lock of another run is never
+        touched. Check mode releases nothing."
+    type: dict
+    default: {}
+  keep_lock:
+    description: "A later step of the caller changes the node whatever this call finds (for example a GPU reset): the
+      lock is not given back here."
+    type: bool
+    default: false
   remove_state:
     description: Remove the job's launch state files once none of its processes is left (what C(torchrun_launch
       state=stopped) does after its stop).
@@ -122,6 +147,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock_released:
+  description: This call gave back the node's cluster lock (I(release_lock)).
+  returned: always
+  type: bool
+
 found:
   description: What belonged to the job when the module started.
   returned: always
@@ -161,8 +191,9 @@ probed:
   returned: always
   type: dict
 container:
-  description: "With I(container): C({name, exists, running}) after the stop, or C({name, error}) when the engine
-    did not answer (the caller reads it itself then)."
+  description: "With I(container): C({name, exists, running, action}) after the stop, or C({name, error, action})
+    when the engine did not answer (the caller reads it itself then); C(action) is I(container_restart)'s verdict
+    (C(restart), C(create), C(read) or C(none))."
   returned: when I(container) is given
   type: dict
 summary:
@@ -179,6 +210,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
 from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
 from ansible_collections.trainyard.core.plugins.module_utils.proc_sockets import fd_targets, port_holders, socket_inode
@@ -345,6 +377,26 @@ def port_owners(port, ours, proc=pg.PROC):
         out.append({"pid": None, "comm": "", "cmdline": [], "ours": False,
                     "note": "a socket holds the port but no visible process has it (another PID namespace?)"})
     return out
+
+
+def container_action(policy, state, files_removed):
+    """What the container role's reset does after this call: 'restart', 'create', 'read' (the engine did not
+    answer: it reads again) or 'none'. policy: reset_container (auto | always | never); state: container_state()
+    or None when no container was asked for; files_removed: the job left files this call removed."""
+    if not state or policy == "never":
+        return "none"
+    if state.get("error"):
+        return "read"
+    if not state.get("exists"):
+        return "create"
+    if policy == "always" or files_removed or not state.get("running"):
+        return "restart"
+    return "none"
+
+
+def last_change(container_act, probed, keep_lock, remaining):
+    """True when nothing of the caller changes the node after this call: the lock may be given back in it."""
+    return container_act == "none" and not any((probed or {}).values()) and not keep_lock and not remaining
 
 
 def unlink_in(dir_path, names=None, check=False):
@@ -619,7 +671,12 @@ class Reset(object):
         if self.records:
             summary += "; launch records removed: %d" % len(self.records)
         extra = {"container": self.container_state()} if self.p["container"] else {}
+        act = container_action(self.p["container_restart"], extra.get("container"), bool(self.cleaned["files"]))
+        if "container" in extra:
+            extra["container"]["action"] = act
         extra["probed"] = dict((path, os.path.lexists(path)) for path in self.p["probe_paths"])
+        extra["lock_released"] = self.release_lock(last_change(act, extra["probed"], self.p["keep_lock"],
+                                                               self.remaining), check)
         self.m.exit_json(changed=changed, found=self.found, cleaned=self.cleaned, kept=self.kept, gpu_users=gpu,
                          port=port_info, records=self.records, summary=summary, warnings=self.warnings, **extra)
 
@@ -636,6 +693,22 @@ class Reset(object):
         if "no such" in (err or "").lower():
             return {"name": name, "exists": False, "running": False}
         return {"name": name, "error": "docker inspect %s: rc %d: %s" % (name, rc, (err or out).strip()[-200:])}
+
+    def release_lock(self, last, check):
+        """Give back the run's cluster lock of this node (release_lock) when this call is its last change."""
+        lock = self.p["release_lock"] or {}
+        if not lock or not last or check:
+            return False
+        path, token = lock.get("path"), lock.get("token")
+        if not path or not token:
+            self.m.fail_json(msg="job_reset: release_lock needs path and token (cluster_lock_dir and the run's lock "
+                                 "token), got keys %s" % sorted(lock), found=self.found, cleaned=self.cleaned)
+        try:
+            return cluster_lock.release(path, token)
+        except (cluster_lock.LockError, OSError) as e:
+            self.warnings.append("cluster lock %s not given back here (%s): the run's release task does it" % (
+                path, e))
+            return False
 
     # ------------------------------------------------------------------ the launch's records
     def remove_records(self, check):
@@ -672,6 +745,9 @@ def main():
             gpu_devices=dict(type="str", default="/dev/nvidia"),
             container=dict(type="str", default=""),
             probe_paths=dict(type="list", elements="path", default=[]),
+            container_restart=dict(type="str", default="never", choices=["auto", "always", "never"]),
+            release_lock=dict(type="dict", default={}, no_log=False),
+            keep_lock=dict(type="bool", default=False),
             remove_state=dict(type="bool", default=False),
             secrets_dir=dict(type="path", default=""),
             secret_env_file=dict(type="path", default=""),

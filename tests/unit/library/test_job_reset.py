@@ -278,10 +278,12 @@ def test_the_containers_state_and_the_probed_paths_come_back_from_the_same_call(
     name = "trainyard-no-such-" + uuid.uuid4().hex[:8]
     status, res = run_module({"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
                               "patterns": {str(tmp_path): ["torch_*"]}, "container": name,
-                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")]},
+                              "probe_paths": [str(tmp_path / "state"), str(tmp_path / "no-timer")],
+                              "container_restart": "auto"},
                              env_extra={"DOCKER_HOST": "unix://%s" % (tmp_path / "no-engine.sock")})
     assert status.endswith("SUCCESS") and res["changed"] is False, res
-    assert set(res["container"]) == {"name", "error"} and res["container"]["name"] == name, res
+    assert set(res["container"]) == {"name", "error", "action"} and res["container"]["name"] == name, res
+    assert res["container"]["action"] == "read", res  # the container role reads it again
     assert res["container"]["error"].startswith("docker inspect %s: rc " % name), res
     assert res["probed"] == {str(tmp_path / "state"): True, str(tmp_path / "no-timer"): False}, res
 
@@ -292,6 +294,56 @@ def test_clean_node_changes_nothing(tmp_path):
                               "patterns": {str(tmp_path): ["torch_*"]}})
     assert status.endswith("SUCCESS") and res["changed"] is False
     assert res["found"]["state"]["present"] is False and res["port"]["free"] is True
+
+
+def test_container_verdict_is_judged_on_the_state_read_in_the_same_call():
+    m = _load()
+    running, stopped = {"exists": True, "running": True}, {"exists": True, "running": False}
+    assert m.container_action("auto", running, files_removed=False) == "none"     # the stop took its processes
+    assert m.container_action("auto", running, files_removed=True) == "restart"   # the job left files in it
+    assert m.container_action("auto", stopped, files_removed=False) == "restart"
+    assert m.container_action("always", running, files_removed=False) == "restart"
+    assert m.container_action("auto", {"exists": False, "running": False}, False) == "create"
+    assert m.container_action("auto", {"name": "c", "error": "docker inspect c: rc 1"}, False) == "read"
+    assert m.container_action("never", stopped, True) == "none"
+    assert m.container_action("auto", None, True) == "none"                      # no container asked for
+    assert m.last_change("none", {"/t": False}, keep_lock=False, remaining=[]) is True
+    assert m.last_change("restart", {}, False, []) is False
+    assert m.last_change("none", {"/t": True}, False, []) is False                # the janitor's timer is stopped next
+    assert m.last_change("none", {}, True, []) is False                            # a GPU reset follows
+    assert m.last_change("none", {}, False, [42]) is False                         # a survivor: the lock stays
+
+
+def _lock(lock_dir, token):
+    from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
+    out = lk.acquire(str(lock_dir), {"token": token, "pid": 1})
+    assert out["created"], out
+    return lk
+
+
+def test_the_lock_is_given_back_in_the_call_of_the_nodes_last_change_only(tmp_path):
+    """release_lock saves the release's own round trip where job_reset is the node's last change of the run; where a
+    later step changes the node (a probed timer exists, the container is restarted, keep_lock) the lock stays; a lock
+    of another run is never touched; check mode gives nothing back."""
+    (tmp_path / "state").mkdir()
+    lock_dir = tmp_path / "lock"
+    lk = _lock(lock_dir, "run-a")
+    base = {"job": "train", "state_root": str(tmp_path / "state"), "port": free_port(),
+            "patterns": {str(tmp_path): ["torch_*"]}, "release_lock": {"path": str(lock_dir), "token": "run-a"}}
+    timer = tmp_path / "timer"
+    timer.write_text("")
+    for extra, check in (({"probe_paths": [str(timer)]}, False), ({"keep_lock": True}, False), ({}, True)):
+        status, res = run_module(dict(base, **extra), check=check)
+        assert status.endswith("SUCCESS") and res["lock_released"] is False and res["changed"] is False, res
+        assert lk.read(str(lock_dir))[0]["token"] == "run-a", extra
+    status, res = run_module(dict(base, release_lock={"path": str(lock_dir), "token": "run-b"}))
+    assert status.endswith("SUCCESS") and res["lock_released"] is False, res
+    assert lk.read(str(lock_dir))[0]["token"] == "run-a"
+    status, res = run_module(dict(base, probe_paths=[str(tmp_path / "no-timer")]))
+    assert status.endswith("SUCCESS") and res["lock_released"] is True and res["changed"] is False, res
+    assert lk.read(str(lock_dir)) == (None, None, None)
+    status, res = run_module(dict(base, release_lock={"path": str(lock_dir)}))
+    assert "FAILED" in status and "release_lock needs path and token" in res["msg"], res
 
 
 MANAGER = textwrap.dedent("""
