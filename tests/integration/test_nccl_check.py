@@ -39,6 +39,10 @@ def test_every_node_records_the_same_inter_node_figure(containers, tmp_path):
     assert all(f"(gloo, {n} ranks on {n} nodes" in rec["detail"] for rec in inter.values()), inter
     intra = records(tmp_path, "nccl_check.intra_node")
     assert all(rec["status"] == "skip" for rec in intra.values())  # one process per simulated node
+    # The playbook reads the GPU facts the intra-node expectation needs (site.yml's nvidia_driver role does it there):
+    # the stand-in nvidia-smi answers on every node.
+    task = r.stdout.split("TASK [Keep the GPU facts where nvidia-smi answered]", 1)[1].split("TASK [", 1)[0]
+    assert all(f"ok: [{n}]" in task for n in containers.nodes), task
 
 
 def test_the_built_in_gpu_stress_skips_on_the_cpu_sim_with_the_reason(containers, tmp_path):
