@@ -54,8 +54,9 @@ for _ in range(600):
         break
     time.sleep(0.05)
 else:
-    holders = [ln for ln in open("/proc/net/tcp").read().splitlines()[1:] if ln.split()[1].endswith(":%04X" % port)]
-    sys.exit("stand-in worker not ready after 30 s; port %d entries in /proc/net/tcp: %s" % (port, holders))
+    holders = [ln for f in ("/proc/net/tcp", "/proc/net/tcp6") for ln in open(f).read().splitlines()[1:]
+               if ln.split()[1].endswith(":%04X" % port)]
+    sys.exit("stand-in worker not ready after 30 s; port %d entries in /proc/net/tcp and tcp6: %s" % (port, holders))
 os.unlink("/tmp/fakejob.ready")
 t = open("/proc/%d/stat" % p.pid).read()
 ticks = int(t[t.rfind(")") + 2:].split()[19])
@@ -88,6 +89,16 @@ def listening(cluster, node, port):
 
 def exists(cluster, node, path):
     return cluster.exec(node, ["test", "-e", path], check=False).returncode == 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_job_left(cluster):
+    """Test files run before this one on the same cluster may leave their job running (site.yml launches it) on the
+    rendezvous port the stand-in job listens on: job_reset stops it first, as a user's reset would."""
+    r, out = job_reset_adhoc(cluster)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    for n in cluster.nodes:
+        assert not listening(cluster, n, PORT), (n, out.get(n))
 
 
 def crash_fake_job(cluster, node, job="train"):
