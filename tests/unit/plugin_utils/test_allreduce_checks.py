@@ -135,7 +135,7 @@ def test_the_cluster_expectation_comes_from_every_nodes_nic():
     assert e["gbps"] == 1.875 and e["hardware"] == "TCP over ens5 at 25 Gb/s on n2"
     assert set(e["per_host"]) == {"n1", "n2"}
     none = flt.expect_inter({"n1": {"skipped": True}}, "tcp")
-    assert none["gbps"] is None and "reports no link speed" in none["reason"]
+    assert none["gbps"] is None and "reported no NIC here" in none["reason"]
 
 
 def test_a_gloo_run_is_not_held_to_the_gpu_table():

@@ -82,6 +82,8 @@ def test_nic_rows():
     ({"iface": "eth1", "speed_mbps": 10000, "virtual": True}, "tcp", "eth1 is a virtual interface"),
     ({"iface": "eth1", "speed_mbps": -1}, "tcp", "reports no link speed"),
     ({"iface": "eth1", "speed_mbps": None}, "tcp", "reports no link speed"),
+    # The GPU acceptance's nodes run with network_enabled false: the benchmark is given no interface.
+    ({"iface": "", "speed_mbps": None, "virtual": False}, "tcp", "no data interface was named"),
     ({"rdma": [{"device": "mlx5_0", "rate_gbps": 400, "link_layer": "InfiniBand", "state": "1: DOWN"}]}, "ib",
      "no active ib port"),
     ({}, "gcp-tcpxo", "no table row for the gcp-tcpxo profile"),

@@ -127,6 +127,11 @@ def nic_expectation(nic: dict | None, profile: str, nproc: int = 1) -> dict:
         return _none(f"the {profile} profile", f"no table row for the {profile} profile")
     eff, source = NIC_EFFICIENCY[profile]
     if profile == "tcp":
+        if not nic:
+            return _none("this node's NIC", "the benchmark reported no NIC here (it did not run on this node)")
+        if not nic.get("iface"):
+            return _none("the data interface", "no data interface was named to the benchmark (the network role "
+                                               "chooses it: network_enabled false leaves it unknown), so no line rate")
         if nic.get("virtual"):
             return _none(f"{iface} (virtual)", f"{iface} is a virtual interface: no line rate")
         speed = nic.get("speed_mbps")
