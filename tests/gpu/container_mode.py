@@ -170,7 +170,12 @@ def build_image(engine: Engine, work: Path, site_dir: Path) -> dict:
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir(parents=True)
     sh(["tar", "-C", str(site_dir), "--transform", "s,^\\.,opt/trainyard-site,", "-cf", str(ctx / "site.tar"), "."])
-    (ctx / "Dockerfile").write_text(f"FROM {BASE}\nADD site.tar /\nENV PYTHONPATH=/opt/trainyard-site\n"
+    # /tmp as every distribution image has it (1777): the base copies the machine's system without it, and the
+    # hardened container's user (not root) makes its HOME there.
+    (ctx / "tmp").mkdir()
+    os.chmod(ctx / "tmp", 0o1777)
+    sh(["tar", "-C", str(ctx), "--numeric-owner", "--owner=0", "--group=0", "-cf", str(ctx / "tmp.tar"), "tmp"])
+    (ctx / "Dockerfile").write_text(f"FROM {BASE}\nADD site.tar /\nADD tmp.tar /\nENV PYTHONPATH=/opt/trainyard-site\n"
                                     "ENV HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0\n")
     engine.docker("build", "-q", "-t", IMAGE, str(ctx), env=dict(engine.env, DOCKER_BUILDKIT="0"))
     engine.docker("push", "-q", IMAGE)
