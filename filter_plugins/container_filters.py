@@ -385,9 +385,10 @@ _HEALTH_FIX = {
                        "(mount -o remount,rw, df -h, dmesg for I/O errors), that container_mounts does not "
                        "mount it read-only, and that the uid:gid of container_user may write it (the role gives "
                        "it a root-owned directory only; chown that uid:gid {path} for another owner's)",
-    "shared_readable": "The shared root {path} is not readable inside the container: mount the shared "
-                       "filesystem on the node (findmnt {path}) and check its permissions (readable by the uid of "
-                       "container_user)",
+    "shared_readable": "The job's user cannot read the shared root {path} or a file of the job's inputs (the files "
+                       "named above): mount the shared filesystem on the node (findmnt {path}) and make its files "
+                       "readable by the uid of container_user (chmod -R a+rX on the node; safetensors' save_file "
+                       "writes 0600 files), or set container_user to a uid that may read them",
     "home": "The job's HOME is not writable by its user: set container_home to a path the uid of container_user can "
             "create (the default /tmp/trainyard-home), or HOME in container_env",
     "logger": "The training code logs through {module}, which the image cannot import: add it to the image "

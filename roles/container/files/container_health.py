@@ -1,8 +1,8 @@
 """Health probe of the training container: one run answers every check (the role execs it once).
 
 Run as `python3 -c "$(cat container_health.py)" '<json params>'` inside the container, or as a file.
-params: {code_dir, output_root, shared_root, logger_module, shm_size_bytes, ulimits: {name: value}, gpus,
-         instance, import_cache, nvidia_smi, gpu_skip_reason}
+params: {code_dir, output_root, shared_root, inputs (the job's local model and dataset paths), logger_module,
+         shm_size_bytes, ulimits: {name: value}, gpus, instance, import_cache, nvidia_smi, gpu_skip_reason}
 Prints one JSON line: {check: {ok|status, detail}, ...}. Stdlib only; each check is independent.
 
 The imports (torch: about 1.5 s of CPU, the probe's whole cost) are checked once per container instance: with
@@ -70,14 +70,87 @@ def check_home():
     return res
 
 
-def check_shared_readable(path):
-    if not path:
+# The walk of the job's inputs is bounded: it opens at most this many files, this deep, for this long.
+READ_MAX_FILES = 20000
+READ_MAX_DEPTH = 8
+READ_MAX_S = 10.0
+READ_NAMED = 5
+
+
+def _unreadable(top, state):
+    """Open each regular file under top (symlinks followed, as the job's loaders do) for reading, as the probe's
+    user; collect the ones it may not read: [(path, mode, uid, gid)]. Bounded by the READ_MAX_* caps (state)."""
+    out = []
+    stack = [(top, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError as exc:
+            out.append((d, None, None, None, _err(exc)))
+            continue
+        for e in entries:
+            if state["files"] >= READ_MAX_FILES or time.monotonic() > state["deadline"]:
+                state["truncated"] = True
+                return out
+            try:
+                st = os.stat(e.path)
+            except OSError:
+                continue  # a dangling link: nothing to read
+            if e.is_dir():
+                if depth + 1 < READ_MAX_DEPTH and not e.is_symlink():
+                    stack.append((e.path, depth + 1))
+                continue
+            if not e.is_file():
+                continue
+            state["files"] += 1
+            try:
+                os.close(os.open(e.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)))
+            except PermissionError as exc:
+                out.append((e.path, st.st_mode & 0o7777, st.st_uid, st.st_gid, _err(exc)))
+            except OSError:
+                continue
+    return out
+
+
+def check_shared_readable(path, inputs=()):
+    """The shared root, and the job's other local inputs (the model and dataset paths), are readable by the job's
+    user: every file, not only the top directory (safetensors' save_file writes 0600 files, which a non-root job
+    cannot open; safetensors then reports the file as missing)."""
+    if not path and not inputs:
         return {"status": "skip", "detail": "no shared root configured"}
-    try:
-        entries = os.listdir(path)
-    except OSError as exc:
-        return {"ok": False, "detail": f"cannot list {path}: {_err(exc)}"}
-    return {"ok": True, "detail": f"{path} readable ({len(entries)} entries)"}
+    who = f"uid {os.getuid()}:{os.getgid()}"
+    state = {"files": 0, "deadline": time.monotonic() + READ_MAX_S, "truncated": False}
+    entries = None
+    if path:
+        try:
+            entries = os.listdir(path)
+        except OSError as exc:
+            return {"ok": False, "detail": f"cannot list {path}: {_err(exc)}"}
+    bad = []
+    tops = [path] if path else []
+    tops += [p for p in inputs if p and os.path.isabs(p) and not (path and (p + "/").startswith(path.rstrip("/") + "/"))]
+    for top in tops:
+        if os.path.isdir(top):
+            bad += _unreadable(top, state)
+        elif os.path.exists(top):
+            state["files"] += 1
+            try:
+                os.close(os.open(top, os.O_RDONLY | os.O_NONBLOCK))
+            except PermissionError as exc:
+                st = os.stat(top)
+                bad.append((top, st.st_mode & 0o7777, st.st_uid, st.st_gid, _err(exc)))
+    checked = f"{state['files']} file(s) under {', '.join(tops)}" + (
+        f" (the first {state['files']}: the walk stops at {READ_MAX_FILES} files or {READ_MAX_S:.0f} s)"
+        if state["truncated"] else "")
+    if bad:
+        named = "; ".join(f"{p} (mode {m:04o}, owner {u}:{g})" if m is not None else f"{p} ({why})"
+                          for p, m, u, g, why in bad[:READ_NAMED])
+        more = f" and {len(bad) - READ_NAMED} more" if len(bad) > READ_NAMED else ""
+        return {"ok": False, "detail": f"{who} cannot read {len(bad)} of {checked}: {named}{more}",
+                "unreadable": [p for p, *_ in bad[:READ_NAMED]]}
+    head = f"{path} readable ({len(entries)} entries)" if path else "the job's inputs are readable"
+    return {"ok": True, "detail": f"{head}; {who} can open every one of {checked}"}
 
 
 def check_import(module):
@@ -228,7 +301,7 @@ def main(argv):
         "python": {"ok": True, "detail": f"{sys.executable} {sys.version.split()[0]}"},
         "code_dir": check_code_dir(params.get("code_dir")),
         "output_writable": check_output_writable(params.get("output_root")),
-        "shared_readable": check_shared_readable(params.get("shared_root")),
+        "shared_readable": check_shared_readable(params.get("shared_root"), params.get("inputs") or ()),
         "home": check_home(),
         "ulimits": check_ulimits(params.get("ulimits") or {}),
         "shm": check_shm(int(params.get("shm_size_bytes") or 0)),

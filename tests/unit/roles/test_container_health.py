@@ -105,7 +105,9 @@ def test_gpu_visible_skips_without_gpus():
 
 
 def probe_env(params: dict, env: dict) -> dict:
-    r = subprocess.run([sys.executable, str(PROBE), json.dumps(params)], capture_output=True, text=True, timeout=120,
+    # The system Python: the test runner's may live under a directory only root can enter (/root/.pyenv).
+    r = subprocess.run(["/usr/bin/python3", "-c", PROBE.read_text(), json.dumps(params)], capture_output=True,
+                       text=True, timeout=120,
                        check=True, env=env)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -122,3 +124,62 @@ def test_home_is_created_and_written_or_named(tmp_path: Path):
     assert not ok(out["home"]) and "cannot be created by uid" in out["home"]["detail"], out["home"]
     out = probe_env({}, {"PATH": "/usr/bin:/bin"})
     assert not ok(out["home"]) and "HOME is not set" in out["home"]["detail"]
+
+
+def _probe_as(uid: int, params: dict) -> dict:
+    """The probe as the hardened container's user (the default container_user 65532:65532)."""
+    # The system Python: the test runner's may live under a directory only root can enter (/root/.pyenv).
+    r = subprocess.run(["/usr/bin/python3", "-c", PROBE.read_text(), json.dumps(params)], capture_output=True,
+                       text=True, timeout=120,
+                       check=True, user=uid, group=uid, extra_groups=[], env={"HOME": "/tmp", "PATH": "/usr/bin:/bin"})
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_file_the_jobs_user_cannot_read_is_named_with_its_mode_and_owner():
+    """safetensors' save_file writes 0600: a model saved by root cannot be opened by the job's user, and safetensors
+    then reports it as missing. The probe opens every file of the shared root and of the job's other inputs as that
+    user and names the ones it may not read."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        raise AssertionError("this test switches to uid 65532: run the unit suite as root, as make test does")
+    top = Path(tempfile.mkdtemp(prefix="trainyard-health-"))
+    try:
+        top.chmod(0o755)
+        shared, data = top / "shared", top / "data"
+        (shared / "tiny-llama").mkdir(parents=True)
+        data.mkdir()
+        (shared / "tiny-llama" / "config.json").write_text("{}")
+        weights = shared / "tiny-llama" / "model.safetensors"
+        os.close(os.open(weights, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(weights, 0o600)
+        secret = data / "train.json"
+        secret.write_text("[]")
+        secret.chmod(0o600)
+        out = _probe_as(65532, {"shared_root": str(shared), "inputs": [str(data), str(shared / "tiny-llama"), ""]})
+        rec = out["shared_readable"]
+        assert not ok(rec)
+        assert rec["detail"].startswith("uid 65532:65532 cannot read 2 of 3 file(s)"), rec["detail"]
+        assert f"{weights} (mode 0600, owner 0:0)" in rec["detail"]
+        assert f"{secret} (mode 0600, owner 0:0)" in rec["detail"]
+        weights.chmod(0o644)
+        secret.chmod(0o644)
+        rec = _probe_as(65532, {"shared_root": str(shared), "inputs": [str(data)]})["shared_readable"]
+        assert ok(rec) and "can open every one of 3 file(s)" in rec["detail"], rec["detail"]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_walk_of_the_inputs_is_bounded(tmp_path: Path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("container_health_probe", PROBE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for i in range(30):
+        (tmp_path / f"f{i}").write_text("x")
+    monkeypatch.setattr(mod, "READ_MAX_FILES", 10)
+    rec = mod.check_shared_readable(str(tmp_path))
+    assert rec["ok"] and "the first 10" in rec["detail"], rec["detail"]
