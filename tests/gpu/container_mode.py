@@ -235,6 +235,10 @@ def make_model_and_data(shared: Path, layers: int = 4) -> dict:
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
     LlamaForCausalLM(cfg).save_pretrained(model_dir)
+    # safetensors' save_file writes 0600: the job's user (not root in the hardened container) must read the weights,
+    # as container.health.shared_readable checks. What a user does after that check names the file: chmod a+rX.
+    for p in (shared, *shared.rglob("*")):
+        p.chmod(p.stat().st_mode | (0o555 if p.is_dir() else 0o444))
     return {"model_layers": layers, "vocab": len(fast), "dataset_rows": len(rows)}
 
 
