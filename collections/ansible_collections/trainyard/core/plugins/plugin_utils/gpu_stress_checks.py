@@ -15,6 +15,8 @@ import json
 import re
 import statistics
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+
 CHECK = "nccl_check.gpu_stress"
 PREFIX = "trainyard-gpu-stress:"
 
@@ -250,3 +252,21 @@ def records_of(registered_by_host: dict, preflight_by_host: dict | None = None, 
         why = skip_reason((preflight_by_host or {}).get(host), mode, run_id)
         out[host] = {"skip": why} if why else parse_output(reg)
     return records(out, tier, pass_fraction, warn_fraction)
+
+
+def env_args(visible_devices) -> list:
+    """gpu_stress.py's --env arguments: the node's job GPUs as nccl.env gives them (nccl_vars.job_devices, from
+    nvidia_driver_visible_devices), for the stress of the prepare play, which runs before nccl.env is rendered."""
+    out = []
+    for name, value in nccl_vars.job_devices(visible_devices).items():
+        if value is not None:
+            out += ["--env", "%s=%s" % (name, value)]
+    return out
+
+
+def recorded(preflight_results, run_id: str = "") -> bool:
+    """Whether this node already holds a record of the stress of this run (the prepare play's burn-in step ran it):
+    the nccl_check role's own run does not stress the GPUs a second time then. Records of another run (a fact cache
+    keeps them) do not count; without a run id any record counts."""
+    return any(isinstance(rec, dict) and rec.get("check") == CHECK and (not run_id or rec.get("run") == run_id)
+               for rec in preflight_results or [])
