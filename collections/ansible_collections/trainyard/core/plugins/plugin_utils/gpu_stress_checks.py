@@ -169,7 +169,24 @@ def gpu_verdict(host: str, gpu: dict, median: dict, pass_fraction: float = 0.8, 
                                       "; " + "; ".join(broken) if broken else "", "; " + clock if clock else "")
     return {"index": gpu.get("index"), "uuid": gpu.get("uuid"), "name": name, "status": status, "text": text,
             "tflops": mm.get("tflops"), "gbps": cp.get("gbps"), "of_median": of_median, "of_expected": of_expected,
-            "clock": clock}
+            "clock": clock, "broken": broken}
+
+
+def short_line(host: str, bad: list) -> str:
+    """The first line of a slow node's detail, which the exclusion, its report line and the record of bad machines
+    keep (module_utils/recover.py failed_checks: the first line, 160 characters): every slow GPU by index with its
+    figures as the lower of its fractions of the fleet median and of the expected figure, e.g. "slow GPU(s) on node3
+    (% of the fleet median or expected, the lower): GPU 3 matmul 47% copy 49%"."""
+    parts = []
+    for g in bad:
+        fig = []
+        for key, label in (("tflops", "matmul"), ("gbps", "copy")):
+            fractions = [f[key] for f in (g.get("of_median") or {}, g.get("of_expected") or {}) if key in f]
+            fig.append("%s %s" % (label, "%d%%" % round(min(fractions) * 100) if fractions else "no figure"))
+        if g.get("broken"):
+            fig.append("broken result")
+        parts.append("GPU %s %s" % (g.get("index"), " ".join(fig)))
+    return "slow GPU(s) on %s (%% of the fleet median or expected, the lower): %s" % (host, "; ".join(parts))
 
 
 def _record(status: str, detail: str, fix: str = "", data: dict | None = None) -> dict:
@@ -220,7 +237,7 @@ def records(results: dict, tier: str = "standard", pass_fraction: float = 0.8, w
             out[host] = _record("pass", detail, data=data)
             continue
         bad = [g for g in gpus if g["status"] == status]
-        out[host] = _record(status, "slow GPU(s): " + " | ".join(g["text"] for g in bad),
+        out[host] = _record(status, short_line(host, bad) + "\nslow GPU(s): " + " | ".join(g["text"] for g in bad),
                             "%s: a GPU well below its peers is shared with another process (nvidia-smi lists it), "
                             "power- or thermally capped (the throttle reasons), or failing: free it, check cooling and "
                             "the power limit (nvidia-smi -q -d PERFORMANCE,POWER), rerun; if it stays slow, drain the "
