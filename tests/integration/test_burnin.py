@@ -28,7 +28,7 @@ PLAYBOOK = "tests/integration/playbooks/exclude.yml"
 STANDIN_DIR = "/srv/shared/trainyard-standin"
 STANDIN = STANDIN_DIR + "/gpu-stress-python"
 # What the exclusion, its report line and the record keep of the hog node's stress record (its first line).
-SLOW = "nccl_check.gpu_stress: slow GPU(s) on %s (%% of the fleet median or expected, the lower): GPU 3 matmul 47% copy 49%"
+SLOW = "nccl_check.gpu_stress: slow GPU(s) on {} (% of the fleet median or expected, the lower): GPU 3 matmul 47% copy 49%"
 STRESS = ["-e", "cluster_burnin_tier=standard", "-e", f"nccl_check_python={STANDIN}"]
 # A link that trained at half its width on GPU 1 (stand-in fault, tests/sim/standin/README.md).
 FAULT = "pcie=x8@1"
@@ -182,7 +182,7 @@ def test_a_slow_gpu_found_by_the_stress_fails_the_run_naming_node_gpu_and_fix(cl
     assert len(kept(r.stdout)) == len(cluster.nodes)
     machines = json.loads((tmp_path / "runs/bad_machines.json").read_text())["machines"]
     assert [m["last_host"] for m in machines] == [hog]
-    assert machines[0]["checks"] == [SLOW % hog]
+    assert machines[0]["checks"] == [SLOW.format(hog)]
 
 
 def test_a_slow_gpu_found_by_the_stress_is_left_out_and_the_job_launches_on_the_others(cluster, hog, tmp_path):
@@ -196,7 +196,7 @@ def test_a_slow_gpu_found_by_the_stress_is_left_out_and_the_job_launches_on_the_
         assert r.returncode == 0, r.stdout[-6000:]
         ex = report(tmp_path / "runs/1")["exclusion"]
         assert [(e["host"], e["reason"]) for e in ex["excluded"]] == [(hog, "failed")], ex
-        assert ex["excluded"][0]["checks"] == [SLOW % hog]
+        assert ex["excluded"][0]["checks"] == [SLOW.format(hog)]
         assert re.search(rf"left out: {re.escape(hog)} \(machine m-\w+, failed\): nccl_check.gpu_stress", r.stdout)
         (machine,) = json.loads((tmp_path / "runs/bad_machines.json").read_text())["machines"]
         assert machine["last_host"] == hog and len(machine["gpu_uuids"]) == 4
