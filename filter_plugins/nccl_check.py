@@ -84,4 +84,6 @@ class FilterModule:
                 "trainyard_allreduce_bisect_record": bisect_record,
                 "trainyard_allreduce_sweep": sweep_sizes,
                 "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
-                "trainyard_gpu_stress_records": gpu_stress_checks.records_of}
+                "trainyard_gpu_stress_records": gpu_stress_checks.records_of,
+                "trainyard_gpu_stress_env": gpu_stress_checks.env_args,
+                "trainyard_gpu_stress_recorded": gpu_stress_checks.recorded}

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Per-GPU stress of the burn-in tiers without DCGM: dense matmul TFLOP/s and HBM copy bandwidth, one process.
 
-    python3 gpu_stress.py --seconds 20 [--env-file nccl.env] [--matmul-n 8192] [--copy-mib 2048] [--dtype bf16] \
-        [--json OUT]
+    python3 gpu_stress.py --seconds 20 [--env CUDA_VISIBLE_DEVICES=0,1] [--env-file nccl.env] [--matmul-n 8192] \
+        [--copy-mib 2048] [--dtype bf16] [--json OUT]
 
-For every GPU of the node's job in turn (CUDA_VISIBLE_DEVICES decides which: from --env-file, the rendered nccl.env
-that gives the job its GPUs, else the environment): a square matmul of n x n in the given dtype
+For every GPU of the node's job in turn (CUDA_VISIBLE_DEVICES decides which: from --env, the lines nccl.env gives the
+job for its GPUs, which the role passes since the stress runs before nccl.env is rendered; or --env-file, a rendered
+nccl.env; else the environment): a square matmul of n x n in the given dtype
 repeated for half the seconds (TFLOP/s = 2 n^3 per matmul), then a device-to-device copy of copy-mib MiB for the other
 half (bandwidth = 2 x bytes per copy: one read and one write of HBM, as STREAM's copy counts it). Each figure is the
 median of its timed windows (each window one CUDA-event-timed batch), with the minimum and maximum beside it, so a GPU
@@ -122,13 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--env-file", action="append", default=[],
                     help="KEY=VALUE lines applied before torch starts (the node's nccl.env: CUDA_VISIBLE_DEVICES)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="applied before torch starts, after --env-file (the node's job GPUs: CUDA_VISIBLE_DEVICES)")
     args = ap.parse_args(argv)
+    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        ap.error("--env %s: give KEY=VALUE (e.g. --env CUDA_VISIBLE_DEVICES=0,1)" % bad[0])
     if args.env_file:
         # The sweep's reader (allreduce_bench.py sits beside this script in the job's read-only directory).
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from allreduce_bench import load_env_file
         for path in args.env_file:
             os.environ.update(load_env_file(path))
+    os.environ.update(dict(e.split("=", 1) for e in args.env))
     result: dict = {"seconds": args.seconds}
     try:
         import torch

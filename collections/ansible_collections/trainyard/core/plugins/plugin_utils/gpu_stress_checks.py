@@ -15,6 +15,8 @@ import json
 import re
 import statistics
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import nccl_vars
+
 CHECK = "nccl_check.gpu_stress"
 PREFIX = "trainyard-gpu-stress:"
 
@@ -167,7 +169,24 @@ def gpu_verdict(host: str, gpu: dict, median: dict, pass_fraction: float = 0.8, 
                                       "; " + "; ".join(broken) if broken else "", "; " + clock if clock else "")
     return {"index": gpu.get("index"), "uuid": gpu.get("uuid"), "name": name, "status": status, "text": text,
             "tflops": mm.get("tflops"), "gbps": cp.get("gbps"), "of_median": of_median, "of_expected": of_expected,
-            "clock": clock}
+            "clock": clock, "broken": broken}
+
+
+def short_line(host: str, bad: list) -> str:
+    """The first line of a slow node's detail, which the exclusion, its report line and the record of bad machines
+    keep (module_utils/recover.py failed_checks: the first line, 160 characters): every slow GPU by index with its
+    figures as the lower of its fractions of the fleet median and of the expected figure, e.g. "slow GPU(s) on node3
+    (% of the fleet median or expected, the lower): GPU 3 matmul 47% copy 49%"."""
+    parts = []
+    for g in bad:
+        fig = []
+        for key, label in (("tflops", "matmul"), ("gbps", "copy")):
+            fractions = [f[key] for f in (g.get("of_median") or {}, g.get("of_expected") or {}) if key in f]
+            fig.append("%s %s" % (label, "%d%%" % round(min(fractions) * 100) if fractions else "no figure"))
+        if g.get("broken"):
+            fig.append("broken result")
+        parts.append("GPU %s %s" % (g.get("index"), " ".join(fig)))
+    return "slow GPU(s) on %s (%% of the fleet median or expected, the lower): %s" % (host, "; ".join(parts))
 
 
 def _record(status: str, detail: str, fix: str = "", data: dict | None = None) -> dict:
@@ -218,7 +237,7 @@ def records(results: dict, tier: str = "standard", pass_fraction: float = 0.8, w
             out[host] = _record("pass", detail, data=data)
             continue
         bad = [g for g in gpus if g["status"] == status]
-        out[host] = _record(status, "slow GPU(s): " + " | ".join(g["text"] for g in bad),
+        out[host] = _record(status, short_line(host, bad) + "\nslow GPU(s): " + " | ".join(g["text"] for g in bad),
                             "%s: a GPU well below its peers is shared with another process (nvidia-smi lists it), "
                             "power- or thermally capped (the throttle reasons), or failing: free it, check cooling and "
                             "the power limit (nvidia-smi -q -d PERFORMANCE,POWER), rerun; if it stays slow, drain the "
@@ -250,3 +269,21 @@ def records_of(registered_by_host: dict, preflight_by_host: dict | None = None, 
         why = skip_reason((preflight_by_host or {}).get(host), mode, run_id)
         out[host] = {"skip": why} if why else parse_output(reg)
     return records(out, tier, pass_fraction, warn_fraction)
+
+
+def env_args(visible_devices) -> list:
+    """gpu_stress.py's --env arguments: the node's job GPUs as nccl.env gives them (nccl_vars.job_devices, from
+    nvidia_driver_visible_devices), for the stress of the prepare play, which runs before nccl.env is rendered."""
+    out = []
+    for name, value in nccl_vars.job_devices(visible_devices).items():
+        if value is not None:
+            out += ["--env", "%s=%s" % (name, value)]
+    return out
+
+
+def recorded(preflight_results, run_id: str = "") -> bool:
+    """Whether this node already holds a record of the stress of this run (the prepare play's burn-in step ran it):
+    the nccl_check role's own run does not stress the GPUs a second time then. Records of another run (a fact cache
+    keeps them) do not count; without a run id any record counts."""
+    return any(isinstance(rec, dict) and rec.get("check") == CHECK and (not run_id or rec.get("run") == run_id)
+               for rec in preflight_results or [])

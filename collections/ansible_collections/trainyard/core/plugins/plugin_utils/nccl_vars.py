@@ -450,6 +450,16 @@ def _given(value):
     return value if len(str(value if value is not None else "")) > 0 else None
 
 
+def job_devices(visible_devices) -> dict:
+    """The lines that give the node's job its GPUs: CUDA_DEVICE_ORDER (PCI bus order, nvidia-smi's) and
+    CUDA_VISIBLE_DEVICES, the nvidia_driver role's nvidia_driver_visible_devices (GPU indexes in PCI order or UUIDs,
+    comma-separated; empty: every GPU, and None leaves the line out). nccl.env's "devices and processes" section, which
+    the sweep and the launch read, and the GPU stress of the prepare play (run before nccl.env is rendered) take them
+    from here, so both give the job's GPUs the same way."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": _given(visible_devices if visible_devices is not None else "")}
+
+
 def _profile_vars(s: dict, ifname: str) -> dict:
     """The transport lines of profile s["profile"] ({} for an unknown one). ib and roce never write NCCL_IB_DISABLE
     (NCCL's default uses the HCAs) and leave the HCAs to NCCL unless nccl_env_ib_hca names them. The GCP values are
@@ -523,9 +533,8 @@ def role_sections(model: dict, ifname: str, s: dict) -> list[dict]:
         # CUDA_VISIBLE_DEVICES: the node's GPUs for the job, the same list the report's local-rank map shows
         # (nvidia_driver role).
         {"title": "devices and processes",
-         "vars": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": _given(s.get("visible_devices", "")),
-                  "OMP_NUM_THREADS": s.get("omp_num_threads"),
-                  "PYTORCH_CUDA_ALLOC_CONF": _given(s.get("cuda_alloc_conf", ""))}},
+         "vars": dict(job_devices(s.get("visible_devices", "")), OMP_NUM_THREADS=s.get("omp_num_threads"),
+                      PYTORCH_CUDA_ALLOC_CONF=_given(s.get("cuda_alloc_conf", "")))},
         {"title": "hang diagnosis (PyTorch's NCCL flight recorder, dumped on a collective timeout; per-rank progress "
                   "files)",
          "vars": {} if _int(entries) <= 0 else {
