@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """Take or give back the cluster lock of a node from the controller: who and what, waiting, staleness, the
-message, the heartbeat refresher. The file work on the node is the module cluster_lock."""
+message. The file work on the node is the module cluster_lock; the heartbeat, the callback cluster_lock."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ description:
     C(-9)) has its lock taken over at once, with a warning naming it. A holder only judged gone (no heartbeat for
     I(stale_s) from another controller, or a controller restarted since) may be alive: it is reported at once,
     and its lock is removed only with I(break=true)."
-  - After taking a lock it starts a heartbeat refresher on the controller (a detached process) that touches the
-    node's lock every I(stale_s)/4 seconds (at least 1 s) while the run lives, and releases it when the run ends,
-    whether it succeeded or failed (the callback C(cluster_lock) removes the run's marker file at exit). After a
-    C(kill -9) of ansible-playbook the refresher stops and the lock goes stale.
+  - "After taking a lock it returns I(cluster_lock_keeper) for the callback C(cluster_lock), which touches the node's
+    lock every I(stale_s)/4 seconds (at least 1 s) from ansible-playbook's own process while the run lives, and gives
+    it back when the run ends, whether it succeeded or failed. After a C(kill -9) of ansible-playbook the heartbeat
+    stops with it and the lock goes stale."
 options:
   path:
     description: Lock directory on the node (C(cluster_lock_dir)).
@@ -58,8 +58,7 @@ options:
     default: false
   node_released:
     description: "With I(state=absent), the node gave the lock back already (the module C(job_reset) released it in
-      the same call as its last change): only the controller's note for the heartbeat refresher is left, no round
-      trip to the node."
+      the same call as its last change): only the heartbeat is stopped, no round trip to the node."
     type: bool
     default: false
 attributes:
@@ -101,6 +100,11 @@ ansible_facts:
   description: C(cluster_lock_token), this run's token (the same on every node), set on the host (state=present).
   returned: state=present
   type: dict
+cluster_lock_keeper:
+  description: "For the callback C(cluster_lock): C(path), C(token), C(interval_s) and C(hold) (true: keep this node's
+    lock alive and give it back at exit; false: it was given back). Not in check mode."
+  returned: when the run took, held or gave back the lock
+  type: dict
 lock_holder:
   description: The record of the run that holds the lock, when the task failed because of it (or, with I(try_once),
     when it was not taken).
@@ -110,18 +114,14 @@ lock_holder:
 
 import getpass
 import os
-import shutil
-import signal
 import socket
 import sys
 import time
 
-from ansible import constants as C
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
-from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
 
 display = Display()
 
@@ -131,16 +131,6 @@ class ActionModule(ActionBase):
 
     def _lock_module(self, task_vars, **args):
         return self._execute_module(module_name="cluster_lock", module_args=args, task_vars=task_vars)
-
-    def _lock_module_detached(self, task_vars, **args):
-        """_lock_module after the task ended: a remote tmp directory of its own (where pipelining is off),
-        removed afterwards."""
-        self._connection._shell.tmpdir = None
-        try:
-            return self._lock_module(task_vars, **args)
-        finally:
-            if self._connection._shell.tmpdir:
-                self._remove_tmp_path(self._connection._shell.tmpdir, force=True)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -183,17 +173,14 @@ class ActionModule(ActionBase):
             # change (reset.yml: job_reset's release_lock).
             result["ansible_facts"] = {"cluster_lock_token": token}
 
-        marker = lk.marker_path(MARKER_DIR, pid, ticks)
-        released = lk.released_path(marker, node, path)
         if state == "absent":
             r = {"released": False} if node_released else \
                 self._lock_module(task_vars, path=path, state="absent", token=token)
             if r.get("failed"):
                 return dict(result, **r)
-            if not self._task.check_mode and os.path.exists(marker):
-                # this node's refresher stops on it instead of releasing the lock again when the run exits
-                with open(released, "a"):
-                    pass
+            if not self._task.check_mode:
+                # the callback stops this node's heartbeat and gives nothing back at exit
+                result["cluster_lock_keeper"] = {"path": path, "token": token, "hold": False}
             # The lock is the run's bookkeeping, not a change of the cluster: a converged run reports changed=0.
             return dict(result, changed=False, released=bool(r.get("released")))
 
@@ -211,12 +198,10 @@ class ActionModule(ActionBase):
                 result["broken"] = r["broken"]
             if r.get("acquired"):
                 result.update(acquired=True, created=bool(r.get("created")), changed=False)
-                if r.get("created") and not self._task.check_mode:
-                    try:
-                        os.unlink(released)  # left by a release earlier in this run
-                    except OSError:
-                        pass
-                    self._start_refresher(lk, task_vars, path, token, pid, ticks, stale_s, released)
+                if not self._task.check_mode:
+                    # the callback cluster_lock keeps it alive while ansible-playbook lives, and gives it back
+                    result["cluster_lock_keeper"] = {"path": path, "token": token, "hold": True,
+                                                     "interval_s": lk.heartbeat_interval(stale_s)}
                 return result
             holder = r.get("holder")
             if holder is None:  # freed between the tries: take it now
@@ -250,60 +235,3 @@ class ActionModule(ActionBase):
                                 % (node, wait_s, lk.describe(holder, r.get("age_s"))))
                 announced = True
             time.sleep(min(poll_s, max(0.0, wait_s - waited)))
-
-    def _start_refresher(self, lk, task_vars, path, token, pid, ticks, stale_s, released):
-        """A detached process on the controller: heartbeat every stale_s/4 (at least 1 s) while ansible-playbook
-        lives; release when the run's marker file disappears (the callback removes it at exit); stop without
-        releasing when ansible-playbook is gone without that (killed: the lock goes stale), or when the run's
-        release task gave the lock back already (it leaves the file `released`)."""
-        os.makedirs(MARKER_DIR, mode=0o700, exist_ok=True)
-        marker = lk.marker_path(MARKER_DIR, pid, ticks)
-        with open(marker, "a"):
-            pass
-        interval = lk.heartbeat_interval(stale_s)
-        child = os.fork()
-        if child:
-            os.waitpid(child, 0)
-            return
-        try:
-            os.setsid()
-            if os.fork():
-                os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            os.closerange(3, 65536)
-            display._final_q = None  # not a worker any more: nothing goes back to ansible-playbook
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            next_beat = time.monotonic() + interval
-            while True:
-                time.sleep(0.5)
-                # The liveness first: the marker goes before the process, so a dead process whose marker is
-                # still there was killed (leave the lock to go stale); a removed marker means the run ended.
-                alive = lk.pid_alive(pid, ticks)
-                if os.path.exists(released):
-                    os.unlink(released)
-                    break
-                if not os.path.exists(marker):
-                    self._lock_module_detached(task_vars, path=path, state="absent", token=token)
-                    break
-                if alive is False:
-                    break
-                if time.monotonic() >= next_beat:
-                    try:
-                        r = self._lock_module_detached(task_vars, path=path, state="heartbeat", token=token)
-                    except Exception:  # noqa: BLE001 - an unreachable node: try again at the next beat
-                        r = {"alive": True}
-                    if not r.get("alive", False) and not r.get("failed") and not r.get("unreachable"):
-                        break
-                    next_beat = time.monotonic() + interval
-            # ansible-playbook removed its local tmp directory at exit; the module runs above made it again.
-            for _ in range(20):
-                if lk.pid_alive(pid, ticks) is not True:
-                    shutil.rmtree(C.DEFAULT_LOCAL_TMP, ignore_errors=True)
-                    break
-                time.sleep(0.5)
-        except BaseException:  # noqa: BLE001 - a detached process never returns into Ansible
-            pass
-        finally:
-            os._exit(0)

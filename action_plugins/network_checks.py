@@ -24,16 +24,23 @@ description:
 options:
   enabled: {description: C(network_enabled)., type: bool, default: true}
   facts:
-    description: This node's C(net_facts) result; left out, the role's registered C(__network_facts), read from the
-      host's variables without templating.
+    description: This node's registered C(net_facts) result (the value, not its name); not read when the role is off.
     type: dict
+    required: true
   plan:
-    description: The plan of C(network_plan); left out, C(plan) of the role's registered C(__network_plan) (read
-      without templating, so no node walks the plan of every node).
+    description: C(plan) of the registered C(network_plan) result (what every node shares); C({}) fails the task (no
+      plan) unless the role is off.
     type: dict
+    required: true
+  node_plan:
+    description: This node's entry of C(nodes) of the registered C(network_plan) result (its peers and what its records
+      read of them); C({}) for a node the plan left out.
+    type: dict
+    default: {}
   port:
-    description: The head's C(port_check) inspect result; left out, the role's registered C(__network_port).
+    description: The head's registered C(port_check) inspect result (skipped or C({}) when it did not run).
     type: dict
+    default: {}
   requested: {description: C(cluster_data_iface) of this node., type: str, default: ""}
   manage: {description: C(network_manage_mtu)., type: bool, default: true}
   persist: {description: C(network_persist_mtu)., type: bool, default: true}
@@ -47,6 +54,10 @@ EXAMPLES = r"""
 - name: Ping every peer, connect to the rendezvous port and record every network check
   network_checks:
     enabled: "{{ network_enabled }}"
+    facts: "{{ __network_facts }}"
+    plan: "{{ __network_plan.plan | default({}) }}"
+    node_plan: "{{ __network_plan.nodes[inventory_hostname] | default({}) }}"
+    port: "{{ __network_port | default({}) }}"
     requested: "{{ cluster_data_iface }}"
   register: __network_checks
 """
@@ -75,10 +86,16 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, netrecords
 
 
-def registered(args, task_vars, option, var):
-    """The option when given, else the registered result ``var`` of the host ({} when it has none)."""
-    value = args[option] if args.get(option) is not None else task_vars.get(var)
-    return value if isinstance(value, dict) else {}
+# What each argument takes, for a task that passed a registered result's name.
+VALUES_HINT = (": give the registered result as a value (facts: \"{{ __network_facts }}\", plan: "
+               "\"{{ __network_plan.plan }}\", node_plan: \"{{ __network_plan.nodes[inventory_hostname] }}\", port: "
+               "\"{{ __network_port }}\"), not its name")
+
+
+def values(args):
+    """(facts, plan, node_plan, port) from the arguments, or AnsibleActionFail naming the one that is not a value."""
+    return [bases.need_dict(args.get(key, default), "network_checks: '%s'" % key, VALUES_HINT)
+            for key, default in (("facts", None), ("plan", None), ("node_plan", {}), ("port", {}))]
 
 
 class ActionModule(bases.ControllerAction):
@@ -88,15 +105,15 @@ class ActionModule(bases.ControllerAction):
         if not boolean(args.get("enabled", True), strict=False):
             return self.record(task_vars, netrecords.disabled_record())
         host = task_vars.get("inventory_hostname")
-        facts = bases.need_dict(registered(args, task_vars, "facts", "__network_facts"), "network_checks: 'facts'")
-        plan = registered(args, task_vars, "plan", "__network_plan")
-        plan = plan if args.get("plan") is not None else plan.get("plan") or {}
-        port = registered(args, task_vars, "port", "__network_port")
-        if "hosts" not in plan:
+        facts, shared, mine, port = values(args)
+        if "head" not in shared or "nodes" not in shared:
             return dict(failed=True, msg="network_checks on %s: no network plan (the network_plan task did not run "
                                          "for this play): run the network role's main or preflight tasks" % host)
-        hosts, head, ping = plan["hosts"], plan["head"], plan.get("ping") or {}
-        path_check = boolean(args.get("path_check", True), strict=False) and len(hosts) > 1
+        # A plan for this node: what every node shares and its own slice (netrecords.split_plan).
+        plan = dict(shared, peers={}, probed_by={}, unaddressed=[], mtus={}, ifaces={})
+        plan.update(mine)
+        head, ping = plan["head"], plan.get("ping") or {}
+        path_check = boolean(args.get("path_check", True), strict=False) and int(plan["nodes"]) > 1
         port_check = boolean(args.get("port_check", True), strict=False)
         iface = netrecords.node_view(facts)["iface"]
         expected = int(plan.get("expected") or 0)
@@ -106,7 +123,7 @@ class ActionModule(bases.ControllerAction):
                                base=min(1472, expected - 28),  # below 1500 (an overlay) both probes fit its MTU
                                wait=int(ping.get("wait", 1)), retries=int(ping.get("retries", 1)),
                                workers=int(ping.get("workers", 64)))
-        if port_check and host != head and head in hosts and netrecords.listening_or_held(port):
+        if port_check and host != head and plan["head_in_play"] and netrecords.listening_or_held(port):
             module_args.update(connect={"address": plan["master_addr"], "port": plan["master_port"],
                                         "timeout": float(ping.get("connect_timeout", 3))})
             module_args.setdefault("payload", expected - 28)

@@ -14,8 +14,10 @@ description:
     measured), each node's data MTU and interface (a failing pair names both), and which peers each node pings
     (a full mesh up to I(full_mesh_max) nodes, above it a ring, I(samples) seeded random rings and one pair per
     data subnet pair: O(1) peers per node) with the coverage of that scheme."
-  - Run it with C(run_once); the result is registered on every node and the fact C(network_iface_uniform) set on
-    every node. The C(network_checks) action reads the result.
+  - "Run it with C(run_once); the result is registered on every node and the fact C(network_iface_uniform) set on
+    every node. Each node's C(network_checks) task takes two values of it: I(plan) (what every node shares, O(1) in
+    the node count) and its own entry of I(nodes) (its peers and what its records read of them): no node's
+    arguments carry every node's peers."
   - Runs on the controller only; no node is contacted.
 options:
   hosts:
@@ -64,9 +66,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: "C(hosts), C(uniform), C(uniformity), C(expected), C(measure), C(mtus), C(ifaces), C(peers) (per node),
-    C(probed_by), C(unaddressed), C(coverage), and the arguments C(head), C(head_address), C(master_addr),
-    C(master_port), C(ping)."
+  description: "What every node's checks share: C(nodes) (how many), C(head_in_play), C(uniform), C(uniformity),
+    C(expected), C(measure), C(coverage), and the arguments C(head), C(head_address), C(master_addr), C(master_port),
+    C(ping)."
+  returned: always
+  type: dict
+nodes:
+  description: "{host: its own part of the plan}: C(peers) ({host: [{name, address}]}, empty when it has no data
+    address), C(probed_by), C(unaddressed) (the other nodes with no data address), C(mtus) and C(ifaces) (of itself
+    and its peers)."
   returned: always
   type: dict
 ansible_facts:
@@ -95,4 +103,5 @@ class ActionModule(bases.ControllerAction):
         plan.update(head=str(args["head"]), head_address=str(args["head_address"]),
                     master_addr=str(args["master_addr"]), master_port=int(args["master_port"]),
                     ping=bases.need_dict(args.get("ping") or {}, "network_plan: 'ping'"))
-        return {"plan": plan, "ansible_facts": {"network_iface_uniform": plan["uniform"]}}
+        shared, nodes = netrecords.split_plan(plan)
+        return {"plan": shared, "nodes": nodes, "ansible_facts": {"network_iface_uniform": plan["uniform"]}}

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Give back the cluster locks of this ansible-playbook run when it exits, whether it succeeded, failed or was
-interrupted with Ctrl-C: removes the run's marker file, and the lock refreshers (action cluster_lock_guard)
-release each node's lock when they see it gone. A run killed with -9 leaves the marker: its locks go stale."""
+"""Keep this ansible-playbook run's cluster locks alive and give them back when it exits, whether it succeeded, failed
+or was interrupted with Ctrl-C: a heartbeat thread in ansible-playbook's own process (plugin_utils/lock_keeper.py).
+A run killed with -9 takes the thread with it: its locks go stale."""
 
 from __future__ import annotations
 
@@ -9,52 +9,36 @@ DOCUMENTATION = r"""
 ---
 name: cluster_lock
 type: aggregate
-short_description: Release this run's cluster locks when ansible-playbook exits
+short_description: Refresh this run's cluster locks while ansible-playbook lives, release them when it exits
 description:
-  - Loaded without being enabled (it prints nothing). At exit it removes the marker file that the action
-    C(cluster_lock_guard) created for this ansible-playbook process, which tells the heartbeat refreshers to
-    release the nodes' locks; it also removes markers of processes that no longer run.
+  - "Loaded without being enabled (it prints nothing but a heartbeat's failure). It reads C(cluster_lock_keeper) from
+    the results of the action C(cluster_lock_guard): the locks this run took and gave back."
+  - While the run holds a lock, a thread of this process touches it every C(cluster_lock_stale_s)/4 seconds (at least
+    1 s) through the module C(cluster_lock) in an ad-hoc run (C(python -m ansible.cli.adhoc)) with the run's own
+    inventory and connection options, one run for every node of a lock directory.
+  - At exit it gives back every lock the run still holds (a run that failed before playbooks/unlock.yml, or was
+    interrupted). A run killed with C(-9) leaves its locks; they go stale after C(cluster_lock_stale_s).
 """
 
 import atexit
 import os
 import time
 
+from ansible import context
+from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
-from ansible_collections.trainyard.core.plugins.module_utils.cluster_lock import MARKER_DIR
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, lock_keeper
 
-_REGISTERED = []
-
-
-def _release_at_exit(marker):
-    try:
-        os.unlink(marker)
-    except OSError:
-        pass
+display = Display()
+_HEARTBEAT = []  # one per ansible-playbook process, however many times the callback is loaded
 
 
-def _forget_dead(lk):
-    """Markers (and release notes) of ansible-playbook processes killed over an hour ago (their refreshers stopped
-    long since)."""
-    try:
-        names = os.listdir(MARKER_DIR)
-    except OSError:
-        return
-    for name in names:
-        # <pid>-<ticks>.held, and <pid>-<ticks>.<key>.released (lk.released_path) a refresher did not take
-        stem = name.split(".", 1)[0] if name.endswith((".held", ".released")) else ""
-        pid, _, ticks = stem.partition("-")
-        path = os.path.join(MARKER_DIR, name)
-        try:
-            old = time.time() - os.lstat(path).st_mtime > 3600
-        except OSError:
-            continue
-        if old and pid.isdigit() and lk.pid_alive(int(pid), int(ticks) if ticks.isdigit() else None) is False:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+def heartbeat():
+    if not _HEARTBEAT:
+        beat = lock_keeper.Heartbeat(lock_keeper.Keeper(), dict(context.CLIARGS))
+        atexit.register(beat.release_at_exit)
+        _HEARTBEAT.append(beat)
+    return _HEARTBEAT[0]
 
 
 class CallbackModule(bases.AlwaysLoadedCallback):
@@ -62,12 +46,27 @@ class CallbackModule(bases.AlwaysLoadedCallback):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if _REGISTERED:
+        # The workers forked later read the run's PID from here (the action records it as the lock's holder).
+        os.environ[cluster_lock.PID_ENV] = str(os.getpid())
+        self._shown = 0
+
+    def v2_runner_on_ok(self, result):
+        keep = result.result.get("cluster_lock_keeper")
+        if keep is None:
             return
-        lk = cluster_lock
-        _forget_dead(lk)
-        pid = os.getpid()
-        os.environ[lk.PID_ENV] = str(pid)  # the workers forked later read the run's PID from here
-        marker = lk.marker_path(MARKER_DIR, pid, lk.proc_start_ticks(pid))
-        atexit.register(_release_at_exit, marker)
-        _REGISTERED.append(marker)
+        beat = heartbeat()
+        beat.keeper.note(result.host.get_name(), keep, time.monotonic())
+        if beat.keeper.holding():
+            beat.start()
+
+    def _show_problems(self):
+        if _HEARTBEAT and len(_HEARTBEAT[0].problems) > self._shown:
+            for line in _HEARTBEAT[0].problems[self._shown:]:
+                display.warning(line)
+            self._shown = len(_HEARTBEAT[0].problems)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._show_problems()
+
+    def v2_playbook_on_stats(self, stats):
+        self._show_problems()

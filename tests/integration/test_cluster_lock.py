@@ -151,12 +151,16 @@ def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
 def test_killed_controller_lock_is_taken_over_by_the_next_run(lk, tmp_path):
     # reset_container=always: the container's restart follows job_reset on every node, so job_reset does not give the
     # lock back in its call (it does where it is the node's last change: a run killed after that leaves no lock there).
-    run = Run(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true", "-e", "reset_container=always")
+    run = Run(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true", "-e", "reset_container=always",
+              "-e", "cluster_lock_stale_s=8")  # a heartbeat every 2 s
     wait_for_holder(lk, run)
     os.kill(run.pid, signal.SIGKILL)  # not reaped yet: a zombie, as under a runner that waits later
     try:
-        time.sleep(2)  # the lock's refresher notices and stops; the lock stays
+        time.sleep(3)  # a heartbeat under way at the kill ends on its own; none starts after it
         assert holder(lk, lk.head)["pid"] == run.pid
+        beat = lock_mtime(lk, lk.head)
+        time.sleep(5)
+        assert lock_mtime(lk, lk.head) == beat, "the killed run's heartbeat still touches the lock"
 
         rc, again = run_sync(lk, tmp_path, "reset.yml", "-e", "reset_confirm=true")
         assert rc == 0, again.output[-3000:]
@@ -173,7 +177,7 @@ def test_killed_controller_lock_is_taken_over_by_the_next_run(lk, tmp_path):
 
 def test_failed_run_gives_the_lock_back(lk, tmp_path):
     # Unconfirmed (stdin is not a terminal): the reset fails on the controller after it took the lock; the plays
-    # after a failed one never run, the exit callback and the refreshers give the lock back.
+    # after a failed one never run, the callback cluster_lock gives the lock back at exit.
     rc, r = run_sync(lk, tmp_path, "reset.yml")
     assert rc != 0 and "Reset not confirmed" in r.output, r.output[-3000:]
     # The lock was taken on every node in one try before the question failed.

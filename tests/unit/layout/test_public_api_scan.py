@@ -35,13 +35,6 @@ ALLOWED = {
         "AnsibleModule has no public accessor for --diff; ansible-core's own modules (file, replace, git) read it",
     ("library/nvidia_gpu_facts.py", "module._diff"):
         "AnsibleModule has no public accessor for --diff; ansible-core's own modules (file, replace, git) read it",
-    # Not yet replaced (issue 34): the lock's heartbeat refresher is forked from a worker, which must clear the
-    # worker's remote tmpdir and its display queue. The replacement (a refresher that needs no fork from a
-    # worker) removes these three entries.
-    ("action_plugins/cluster_lock_guard.py", "self._connection._shell"):
-        "PENDING: the worker-forked refresher runs a module after its task ended (fresh remote tmpdir)",
-    ("action_plugins/cluster_lock_guard.py", "display._final_q"):
-        "PENDING: the worker-forked refresher must not write to the dead worker's result queue",
 }
 
 

@@ -58,17 +58,10 @@ KIND_DIRS = {
 SKIP_DIRS = {".git", ".venv", ".cache", ".sim", "runs", ".ansible", ".whl", ".colls", "tests", "docs", "node_modules"}
 
 # (file, what): why it stays.
-SCALE = ("read once per play from every node's variables on the controller: passed as an argument, each node's "
-         "result would be templated into the task's arguments (a copy per node per play: the scale issue)")
 ALLOWED = {
     ("roles/container/tasks/verify.yml", "container : Start the training container"):
         "pending_on's key is the label the pending record shows; the registered result beside it decides, so a "
         "renamed task changes the text only",
-    # The network plan holds every node's peers: network_checks reads the three results its role registers just
-    # before it in place rather than template the plan into every node's arguments.
-    ("action_plugins/network_checks.py", "registered result by name: __network_facts"): SCALE,
-    ("action_plugins/network_checks.py", "registered result by name: __network_plan"): SCALE,
-    ("action_plugins/network_checks.py", "registered result by name: __network_port"): SCALE,
 }
 
 

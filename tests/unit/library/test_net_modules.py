@@ -148,6 +148,33 @@ def test_plan_full_mesh_leaves_out_self_and_names_nodes_without_an_address():
     assert netrecords.node_coverage(plan, "n3")["text"] == "full mesh: 1 of 1 node pairs, each from both ends"
 
 
+def test_split_plan_gives_each_node_its_own_slice_and_the_same_records_as_the_whole_plan():
+    hosts = ["n%02d" % i for i in range(24)]  # above the full mesh: a ring, sampled rings, O(1) peers per node
+    by_host = {h: facts("eth1", "10.0.%d.%d" % (i // 4, i + 1), 9000 if i % 5 else 1500, prefix=22)
+               for i, h in enumerate(hosts)}
+    by_host["n23"] = facts("eth1", "", 9000)  # no data address: in every other node's "not probed"
+    plan = dict(netrecords.cluster_plan(hosts, by_host, 9000), head="n00", master_addr="10.0.0.1",
+                master_port=39500, check_mode=False)
+    shared, nodes = netrecords.split_plan(plan)
+    assert shared["nodes"] == 24 and shared["head_in_play"] and set(nodes) == set(hosts)
+    assert not set(netrecords.PER_NODE) & set(shared)
+    for h in hosts:
+        mine = dict(shared, **nodes[h])
+        peers = plan["peers"].get(h)
+        # its own part only: its peers, itself and them in the MTU and interface maps
+        assert len(mine["mtus"]) == 1 + len(peers or []) < 24
+        probes = {p["name"]: {"ok": p["name"] != "n01", "base_ok": True} for p in peers or []}
+        path = {"probes": probes, "seconds": 0.1}
+        assert netrecords.path_record(h, mine, path) == netrecords.path_record(h, plan, path), h
+        assert netrecords.node_coverage(mine, h) == netrecords.node_coverage(plan, h), h
+        held = {"verdict": {"state": "free", "ok": True, "detail": "free", "fix": ""}, "listener": {"listening": True}}
+        reach = {"outcome": "ok", "seconds": 0.01, "message": ""}
+        assert netrecords.port_records(h, mine, held, reach) == netrecords.port_records(
+            h, dict(plan, nodes=24, head_in_play=True), held, reach), h
+    assert nodes["n23"]["peers"] == {} and nodes["n23"]["unaddressed"] == []
+    assert nodes["n05"]["unaddressed"] == ["n23"]
+
+
 def test_plan_compares_the_names_and_measures_the_mtu_once_for_every_node():
     plan = netrecords.cluster_plan(["n1", "n2", "n3"], FACTS, 0)
     assert not plan["uniform"] and plan["uniformity"] == "interface names differ: ens5 on n3; eth1 on n1, n2"

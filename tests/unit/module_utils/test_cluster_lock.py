@@ -177,15 +177,6 @@ def test_check_lock_dir_accepts_a_dir_of_its_own():
     assert lk.check_lock_dir("/var/lib/trainyard-lock", {"cluster_state_dir": "/var/lib/trainyard"}) is None
 
 
-def test_release_note_is_one_per_run_node_and_lock_dir():
-    m1, m2 = lk.marker_path("/d", 10, 500), lk.marker_path("/d", 11, 500)
-    notes = {lk.released_path(m, n, p) for m in (m1, m2) for n in ("node1", "node2") for p in ("/a", "/b")}
-    assert len(notes) == 8 and lk.released_path(m1, "node1", "/a") == lk.released_path(m1, "node1", "/a")
-    # named after the run's marker: the callback's cleanup of dead runs finds it by the same <pid>-<ticks> stem
-    assert all(x.startswith("/d/10-500.") or x.startswith("/d/11-500.") for x in notes)
-    assert all(x.endswith(".released") for x in notes)
-
-
 def test_heartbeat_interval_bounds():
     assert lk.heartbeat_interval(300) == 75 and lk.heartbeat_interval(20) == 5 and lk.heartbeat_interval(1) == 1
 

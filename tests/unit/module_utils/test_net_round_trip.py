@@ -173,8 +173,8 @@ def test_probe_records_without_a_data_interface_skip_and_never_blame_a_missing_o
     assert recs["network.mtu"]["status"] == "skip" and recs["network.iface"]["status"] == "fail"
 
 
-PLAN = dict(netrecords.cluster_plan(["n1", "n2"], {}, 9000), head="n1", master_addr="10.0.0.1", master_port=39500,
-            check_mode=False)
+PLAN = dict(netrecords.split_plan(dict(netrecords.cluster_plan(["n1", "n2"], {}, 9000), head="n1"))[0],
+            master_addr="10.0.0.1", master_port=39500, check_mode=False)
 
 
 def test_disabled_role_records_one_skip():
@@ -212,7 +212,7 @@ def test_port_records_of_a_worker_that_connected_or_timed_out():
     assert dropped["fix"].startswith("allow TCP 39500 from the workers' data network on n1")
     held_by_other = {"verdict": {"state": "other", "ok": False, "detail": "port 39500 is held", "fix": "stop it"}}
     assert netrecords.port_records("n1", PLAN, held_by_other, None)[0]["status"] == "fail"
-    assert netrecords.port_records("n2", dict(PLAN, hosts=["n2"]), held, None) == []
+    assert netrecords.port_records("n2", dict(PLAN, nodes=1, head_in_play=False), held, None) == []
 
 
 def test_the_listener_is_stopped_only_when_a_worker_did_not_reach_it():
@@ -225,9 +225,11 @@ def test_the_listener_is_stopped_only_when_a_worker_did_not_reach_it():
 
 def _checks(port, *flags, **args):
     """network_checks on this machine (host localhost, a worker of head n1 whose master address is 127.0.0.1)."""
-    plan = dict(netrecords.cluster_plan(["n1", "localhost"], {}, 9000), head="n1", head_address="127.0.0.1",
-                master_addr="127.0.0.1", master_port=port, ping={"connect_timeout": 2})
-    return adhoc("network_checks", dict({"facts": dict(FACTS, changed=True), "plan": plan, "path_check": False,
+    shared, nodes = netrecords.split_plan(dict(netrecords.cluster_plan(["n1", "localhost"], {}, 9000), head="n1"))
+    plan = dict(shared, head_address="127.0.0.1", master_addr="127.0.0.1", master_port=port,
+                ping={"connect_timeout": 2})
+    return adhoc("network_checks", dict({"facts": dict(FACTS, changed=True), "plan": plan,
+                                         "node_plan": nodes["localhost"], "path_check": False,
                                          "port": {"verdict": {"state": "free"}, "listener": {"listening": True}},
                                          "mgmt": "192.168.0.2"}, **args), *flags)
 
@@ -269,13 +271,26 @@ def test_checks_of_a_node_with_the_role_off_contact_nothing():
 
 
 
+def test_checks_take_values_and_name_the_argument_given_as_a_variable_name():
+    r = _checks(1, facts="__network_facts")
+    assert r["failed"] and r["msg"].startswith("network_checks: 'facts' must be a dict, not str: give the registered "
+                                               "result as a value")
+    r = _checks(1, node_plan="__network_plan")
+    assert r["failed"] and "'node_plan' must be a dict, not str" in r["msg"]
+    # The role's task before the plan ran (or a plan of another shape): the one-line "no network plan".
+    r = _checks(1, plan={})
+    assert r["failed"] and r["msg"].startswith("network_checks on localhost: no network plan")
+
+
 def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
     r = adhoc("network_plan", {"hosts": ["localhost"], "facts": [{}], "head": "localhost", "head_address": "127.0.0.1",
                                "master_addr": "127.0.0.1", "master_port": 39500, "mtu": 0,
                                "ping": {"wait": 1, "connect_timeout": 2}})
-    plan = r["plan"]
+    plan, mine = r["plan"], r["nodes"]["localhost"]
     # localhost has no net_facts result: no interface, no address, no MTU to measure.
-    assert plan["unaddressed"] == ["localhost"] and plan["peers"] == {} and plan["expected"] is None
+    assert mine == {"peers": {}, "probed_by": {}, "unaddressed": [], "mtus": {"localhost": None},
+                    "ifaces": {"localhost": ""}}
+    assert plan["nodes"] == 1 and plan["head_in_play"] and plan["expected"] is None and "peers" not in plan
     assert plan["measure"] and plan["uniformity"] == "every node uses no interface"
     assert plan["head_address"] == "127.0.0.1" and plan["ping"] == {"wait": 1, "connect_timeout": 2}
     assert r["ansible_facts"] == {"network_iface_uniform": True}

@@ -12,8 +12,8 @@ node, head first, before it touches anything, and gives it back at its end. The 
 
 The file appears atomically and complete: the record is written to a private temporary file (``O_CREAT |
 O_EXCL | O_NOFOLLOW``) and ``link()``-ed to the lock's name, which fails with ``EEXIST`` while another holder
-has it. Its modification time is the heartbeat: while the run lives, a refresher on the controller touches it
-every few seconds, and the node itself measures its age (no clock skew between controller and node enters).
+has it. Its modification time is the heartbeat: while the run lives, the callback cluster_lock (in
+ansible-playbook's own process, plugin_utils/lock_keeper.py) touches it every few seconds, and the node itself measures its age (no clock skew between controller and node enters).
 
 What a lock found held means is decided on the controller (``judge``): a holder of this controller, boot and PID
 namespace whose process is gone, a zombie or a reused PID is provably dead and taken over; one whose heartbeat is
@@ -21,7 +21,7 @@ older than ``cluster_lock_stale_s`` may be alive: reported, broken only on reque
 ``held_message`` is the one line a run stops with.
 
 The node-side functions (``acquire``, ``release``, ``heartbeat``, ``read``) are used by
-``library/cluster_lock.py``; the rest by ``action_plugins/cluster_lock.py`` and the release callback.
+``library/cluster_lock.py``; the rest by ``action_plugins/cluster_lock_guard.py`` and the callback ``cluster_lock``.
 """
 
 from __future__ import annotations
@@ -256,27 +256,10 @@ def check_lock_dir(lock_dir, mounted):
 
 
 def heartbeat_interval(stale_s):
-    """How often the refresher touches a held lock: a quarter of the stale limit (at least 1 s), so three beats
+    """How often the heartbeat touches a held lock: a quarter of the stale limit (at least 1 s), so three beats
     can be missed before another controller may judge the holder gone. Each beat is a module run on the node: the
     default limit of 300 s costs a converged run one beat per node a minute and a quarter."""
     return max(1.0, float(stale_s) / 4.0)
-
-
-# Where the controller keeps a marker per ansible-playbook run that holds locks (action cluster_lock_guard writes
-# it, the callback cluster_lock removes it at exit).
-MARKER_DIR = os.path.join(os.path.expanduser("~"), ".ansible", "trainyard-lock")
-
-
-def marker_path(base, pid, ticks):
-    """Controller-side file that exists while a run holds locks; its removal at exit tells the refreshers."""
-    return os.path.join(base, "%d-%s.held" % (int(pid), ticks))
-
-
-def released_path(marker, node, path):
-    """Controller-side file the release task leaves for the refresher of (node, lock dir) of the run whose marker
-    this is: the lock is given back already, so the refresher stops without another module run on the node."""
-    key = hashlib.sha256(("%s\0%s" % (node, path)).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return "%s.%s.released" % (marker[:-len(".held")] if marker.endswith(".held") else marker, key)
 
 
 # ---------------------------------------------------------------- the lock file (node side)

@@ -49,13 +49,13 @@ def str_list(value):
     return [value] if isinstance(value, str) else list(value)
 
 
-def need_dict(value, what):
+def need_dict(value, what, hint=""):
     """value when it is a dict, else AnsibleActionFail naming what it must be and what it is (the YAML type, not
-    Ansible's tagged class)."""
+    Ansible's tagged class), then hint (what to give instead)."""
     if not isinstance(value, dict):
         kind = next((name for typ, name in ((bool, "bool"), (str, "str"), (int, "int"), (float, "float"),
                                             (list, "list")) if isinstance(value, typ)), type(value).__name__)
-        raise AnsibleActionFail(f"{what} must be a dict, not {kind}")
+        raise AnsibleActionFail(f"{what} must be a dict, not {kind}{hint}")
     return value
 
 

@@ -5,8 +5,12 @@
   whether every node uses the same interface name, the MTU the cluster proves, each node's data MTU and interface,
   and which peers each node pings (``netcheck.path_pairs``: a full mesh up to ``full_mesh_max`` nodes, above it a
   ring, seeded random rings and one pair per data subnet pair), with the coverage of that scheme.
-* ``node_records``: per node (the ``network_checks`` action) from its ``net_facts`` result, the plan, the head's
-  ``port_check`` inspect result and this node's pings and rendezvous connect: every ``network.*`` record.
+* ``split_plan``: the plan as the values each node's check task takes: what every node shares (O(1) in the node
+  count) and each node's own slice (its peers, who probes it, its and its peers' MTUs and interfaces), so no node's
+  arguments carry every node's peers.
+* ``probe_records``, ``path_record``, ``port_records``: per node (the ``network_checks`` action) from its
+  ``net_facts`` result, the plan, the head's ``port_check`` inspect result and this node's pings and rendezvous
+  connect: every ``network.*`` record.
 """
 
 from __future__ import annotations
@@ -57,6 +61,31 @@ def cluster_plan(hosts, facts_by_host, configured_mtu, full_mesh_max=16, samples
         "coverage": dict({k: pairs[k] for k in ("scheme", "pairs", "full_mesh_pairs", "subnet_pairs", "samples",
                                                  "seed")}, text=netcheck.coverage_text(pairs)),
     }
+
+
+# The plan's keys that hold one entry per node: split_plan hands each node its own part of them.
+PER_NODE = ("hosts", "mtus", "ifaces", "peers", "probed_by", "unaddressed")
+
+
+def split_plan(plan):
+    """(shared, nodes) of a cluster_plan with head: shared, the keys every node's checks read alike, with ``nodes``
+    (how many) and ``head_in_play``; nodes, {host: the plan's per-node keys cut to what that host's records read}:
+    its peers, who probes it, the other nodes with no data address, and the MTU and interface of itself and its
+    peers. ``dict(shared, **nodes[host])`` is a plan the record builders below take for that host."""
+    hosts = plan["hosts"]
+    shared = {k: v for k, v in plan.items() if k not in PER_NODE}
+    shared.update(nodes=len(hosts), head_in_play=plan.get("head") in hosts)
+    nodes = {}
+    for host in hosts:
+        peers = plan["peers"].get(host)
+        near = [host] + [p["name"] for p in peers or []]
+        nodes[host] = {
+            "peers": {} if peers is None else {host: peers},
+            "probed_by": {host: plan["probed_by"][host]} if host in plan["probed_by"] else {},
+            "unaddressed": [h for h in plan["unaddressed"] if h != host],
+            "mtus": {h: plan["mtus"].get(h) for h in near}, "ifaces": {h: plan["ifaces"].get(h) for h in near},
+        }
+    return shared, nodes
 
 
 def node_coverage(plan, host):
@@ -208,8 +237,8 @@ def path_record(host, plan, path):
 
 def port_records(host, o, held, reach):
     """network.rendezvous_port and network.rendezvous_listen (the head), network.rendezvous_reach (a worker).
-    o: hosts (in the play, rank order), head, master_addr, master_port, check_mode; held: the head's port_check
-    inspect result; reach: this worker's connect ({outcome, message, seconds}), None when it did not connect."""
+    o: nodes (how many in the play), head_in_play, head, master_addr, master_port, check_mode; held: the head's
+    port_check inspect result; reach: this worker's connect ({outcome, message, seconds}), None when it did not connect."""
     address, port, head = o["master_addr"], int(o["master_port"]), o["head"]
     held = held if isinstance(held, dict) else {}
     listener = held.get("listener") or {}
@@ -223,7 +252,7 @@ def port_records(host, o, held, reach):
                             "fix": "cluster_master_addr (%s) must be an address of the head %s: set it to the head's "
                                    "data address, or fix data_address of the head" % (address, head)})
         return records
-    if len(o["hosts"]) < 2 or head not in o["hosts"]:
+    if int(o["nodes"]) < 2 or not o["head_in_play"]:
         return []
     if not listening_or_held(held):
         return [{"check": "network.rendezvous_reach", "status": "skip",
