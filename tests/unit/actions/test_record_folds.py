@@ -67,3 +67,12 @@ def test_nvidia_driver_check_refuses_records_given_by_name():
         object.__new__(NDC.ActionModule).decide({"result": {}, "peers": {}, "records": "__nvidia_driver_burnin"},
                                                 {"inventory_hostname": "n1"})
     assert "'records' must be a list of records" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_gpu_facts_call_runs_the_burnin_tier_and_returns_its_record_also_when_nvidia_smi_fails():
+    from helpers import adhoc
+    r = adhoc("nvidia_gpu_facts", {"burnin": "quick", "nvidia_smi": "/nonexistent/nvidia-smi", "nvlink": False})
+    assert r["failed"]
+    assert r["burnin_record"]["check"] == "nvidia_driver.burnin" and r["burnin_record"]["status"] == "skip"
+    ok = adhoc("nvidia_gpu_facts", {"nvidia_smi": "/nonexistent/nvidia-smi", "nvlink": False})
+    assert "burnin_record" not in ok
