@@ -40,6 +40,14 @@ options:
   peers:
     description: The I(peers) the I(peers_of) call returned.
     type: dict
+  records:
+    description:
+      - More records of the role's node to record in the same task, after its checks (each a dict as preflight_check's
+        I(records) takes them), e.g. the C(nvidia_driver.burnin) record C(gpu_burnin) returns. One task records them
+        all.
+    type: list
+    elements: dict
+    default: []
 extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
@@ -63,10 +71,16 @@ EXAMPLES = r"""
   run_once: true
   register: __nvidia_driver_peers
 
-- name: Record the driver, GPU and GPU health checks
+- name: Run the burn-in tier's GPU diagnostics
+  gpu_burnin:
+    tier: quick
+  register: __nvidia_driver_burnin
+
+- name: Record the driver, GPU, GPU health and burn-in checks
   nvidia_driver_check:
     result: "{{ __nvidia_driver_gpu }}"
     peers: "{{ __nvidia_driver_peers.peers }}"
+    records: ["{{ __nvidia_driver_burnin.record }}"]
 """
 
 RETURN = r"""
@@ -123,6 +137,11 @@ class ActionModule(bases.ControllerAction):
                 "nvidia_driver_check: give 'result' (the registered nvidia_gpu_facts result, as a value: "
                 "\"{{ __nvidia_driver_gpu }}\", not its name) and 'peers' (the 'peers' of the run_once call with "
                 "peers_of); got result %s, peers %s" % (type(result).__name__, type(peers).__name__))
+        more = args.get("records", [])
+        if not isinstance(more, list) or not all(isinstance(r, dict) for r in more):
+            raise AnsibleActionFail(
+                "nvidia_driver_check: 'records' must be a list of records (dicts, as values: "
+                "[\"{{ __nvidia_driver_burnin.record }}\"]), not a name or a %s" % type(more).__name__)
         host = task_vars.get("inventory_hostname")
         model = task_vars.get("cluster_model") or {}
         gpus_per_node = self.var(task_vars, "cluster_gpus_per_node")
@@ -147,7 +166,7 @@ class ActionModule(bases.ControllerAction):
         for rec in records:
             if rec["check"] == "nvidia_driver.device_order":
                 rec["pending_on"] = {gpu_checks.DEVICE_ORDER_TASK: result}
-        out = self.record(task_vars, *records)
+        out = self.record(task_vars, *records, *more)
         out["ansible_facts"]["nvidia_gpu_facts"] = gpu_checks.facts_of(result)
         out["ansible_facts"]["nvidia_gpu_identity"] = gpu_checks.identity_of(result)
         return out

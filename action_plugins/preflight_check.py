@@ -62,6 +62,12 @@ options:
     description: Structured values for the report (e.g. a pairwise matrix, versions for the drift table).
     type: dict
     default: {}
+  publish:
+    description:
+      - "Facts of the host to set with the records (C({name: value})), for the roles after this one, so a role's last
+        step needs no C(set_fact) task of its own (the janitor's C(janitor_sidecar)). Not C(preflight_results)."
+    type: dict
+    default: {}
 extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
@@ -173,9 +179,19 @@ class ActionModule(bases.ControllerAction):
         return dict(
             preflight_record=records[-1] if records else {},
             preflight_records=records,
-            ansible_facts={FACT: previous + records},
+            ansible_facts=dict(self._publish(args.get("publish")), **{FACT: previous + records}),
             _ansible_facts_cacheable=False,
         )
+
+    @staticmethod
+    def _publish(publish):
+        """The facts of 'publish' ({} when none), or AnsibleActionFail naming what is wrong with it."""
+        if publish is None:
+            return {}
+        if not isinstance(publish, dict) or not all(isinstance(k, str) and k for k in publish) or FACT in publish:
+            raise AnsibleActionFail("preflight_check: 'publish' must map fact names to values (not %s): the records "
+                                    "go in %s through 'records'" % (FACT, FACT))
+        return dict(publish)
 
     @staticmethod
     def _pending(records, specs, args):

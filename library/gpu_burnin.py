@@ -44,11 +44,8 @@ record:
   type: dict
 """
 
-import os
-import socket
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.trainyard.core.plugins.module_utils.burnin import burnin_record, dcgm_argv
+from ansible_collections.trainyard.core.plugins.module_utils.burnin import run_tier
 
 
 def main():
@@ -56,21 +53,7 @@ def main():
                                                         default="quick"),
                                               timeout=dict(type="int", default=3600)),
                            supports_check_mode=True)
-    tier, host = module.params["tier"], socket.gethostname()
-    has_gpu = os.path.exists("/dev/nvidia0")
-    dcgmi = module.get_bin_path("dcgmi", opt_dirs=["/usr/bin", "/usr/local/bin"])
-    if tier != "quick" and module.check_mode:
-        module.exit_json(changed=False, record={"check": "nvidia_driver.burnin", "status": "skip", "fix": "",
-                                                "detail": "burn-in tier %s: not run in check mode" % tier, "data": {}})
-    rc, out = None, ""
-    if tier != "quick" and has_gpu and dcgmi:
-        argv = dcgm_argv(dcgmi, tier)
-        timeout = module.get_bin_path("timeout") if module.params["timeout"] > 0 else None
-        if timeout:
-            argv = [timeout, "-k", "10", str(module.params["timeout"])] + argv
-        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
-        out = out or err
-    module.exit_json(changed=False, record=burnin_record(host, tier, has_gpu, dcgmi, rc, out))
+    module.exit_json(changed=False, record=run_tier(module, module.params["tier"], module.params["timeout"]))
 
 
 if __name__ == "__main__":

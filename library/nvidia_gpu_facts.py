@@ -74,6 +74,17 @@ options:
     description: Write C(CUDA_DEVICE_ORDER=PCI_BUS_ID) into I(environment_file) first.
     type: bool
     default: false
+  burnin:
+    description:
+      - The burn-in tier (cluster_burnin_tier) to run first, as C(gpu_burnin) does (module_utils/burnin.py
+        C(run_tier)), its C(nvidia_driver.burnin) record returned as I(burnin_record), also when nvidia-smi fails.
+        Not given, no burn-in.
+    type: str
+    choices: [quick, standard, long]
+  burnin_timeout:
+    description: Seconds dcgmi may run before it is stopped (0 waits forever).
+    type: int
+    default: 3600
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -98,6 +109,10 @@ gpudirect:
   description: With I(gpudirect), C({nvlink_errors, nvlink_error, ib_ports, modules, cmdline, iommu_groups, lspci}) as
     module_utils/gpudirect.py read_node reads them.
   returned: when gpudirect
+  type: dict
+burnin_record:
+  description: With I(burnin), the nvidia_driver.burnin record ({check, status, detail, fix, data}).
+  returned: when burnin
   type: dict
 service_manager:
   description: With I(service), C(systemd) when systemd runs the node (/run/systemd/system), else PID 1's name.
@@ -187,6 +202,7 @@ import socket
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils.burnin import run_tier
 from ansible_collections.trainyard.core.plugins.module_utils.gpudirect import read_node
 from ansible_collections.trainyard.core.plugins.module_utils.gpu_health import (
     parse_health_xml,
@@ -443,11 +459,15 @@ def main():
             set_device_order=dict(type="bool", default=False),
             service=dict(type="str"),
             gpudirect=dict(type="bool", default=False),
+            burnin=dict(type="str", choices=["quick", "standard", "long"]),
+            burnin_timeout=dict(type="int", default=3600),
         ),
         required_if=[("set_device_order", True, ["environment_file"])],
         supports_check_mode=True,
     )
     extra = {"changed": False, "machine_id": machine_id()}
+    if module.params["burnin"]:  # first: its record comes back also when nvidia-smi fails below
+        extra["burnin_record"] = run_tier(module, module.params["burnin"], module.params["burnin_timeout"])
     if module.params["environment_file"]:
         extra.update(device_order(module))
     if module.params["service"]:

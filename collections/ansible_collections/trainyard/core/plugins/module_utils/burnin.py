@@ -150,3 +150,27 @@ def burnin_record(host, tier, has_gpu, dcgmi=None, rc=None, stdout=""):
             "%s: follow DCGM's message per test (a GPU failing memory, PCIe or targeted stress: drain the node, reset "
             "the GPU, rerun; if it fails again, replace the node)" % host, data)
     return rec("pass", "DCGM level %d on %s: %d test result(s), none failed" % (level, host, len(results)), data=data)
+
+
+def run_tier(module, tier, timeout=3600):
+    """The nvidia_driver.burnin record of this node for tier, DCGM's diagnostics run where the tier asks for them:
+    the one node-side step of library/gpu_burnin.py and of nvidia_gpu_facts' I(burnin) (module: an AnsibleModule,
+    whose run_command, get_bin_path and check_mode it uses; nothing else here touches the node)."""
+    import os
+    import socket
+
+    host = socket.gethostname()
+    has_gpu = os.path.exists("/dev/nvidia0")
+    dcgmi = module.get_bin_path("dcgmi", opt_dirs=["/usr/bin", "/usr/local/bin"])
+    if tier != "quick" and module.check_mode:
+        return {"check": "nvidia_driver.burnin", "status": "skip", "fix": "",
+                "detail": "burn-in tier %s: not run in check mode" % tier, "data": {}}
+    rc, out = None, ""
+    if tier != "quick" and has_gpu and dcgmi:
+        argv = dcgm_argv(dcgmi, tier)
+        timeout_bin = module.get_bin_path("timeout") if timeout > 0 else None
+        if timeout_bin:
+            argv = [timeout_bin, "-k", "10", str(timeout)] + argv
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        out = out or err
+    return burnin_record(host, tier, has_gpu, dcgmi, rc, out)
