@@ -93,7 +93,8 @@ def grow(source: dict, n: int) -> tuple[dict, dict, list[str], dict]:
     plan["expected"] = MTU  # the configured MTU (the low node fails against it)
     held = {"verdict": {"ok": True, "state": "free", "detail": f"port {PORT} is free: the probe listener ran on it",
                         "fix": ""}, "listener": {"listening": True}}
-    port_opts = {"hosts": hosts, "head": head, "master_addr": _address(0), "master_port": PORT, "check_mode": False}
+    port_opts = {"nodes": len(hosts), "head_in_play": head in hosts, "head": head, "master_addr": _address(0),
+                 "master_port": PORT, "check_mode": False}
     bad_nodes = {faults["low_mtu"], faults["unreachable"]}
     results: dict[str, list | None] = {}
     for i, h in enumerate(hosts):

@@ -46,8 +46,12 @@ def bad(cluster):
 @pytest.fixture
 def hog(cluster):
     """The stand-in for the GPU stress's Python on every node, replaying the real hog capture on the last node
-    (GPU 3 at half its figures); removed afterwards whatever happens."""
+    (GPU 3 at half its figures); removed afterwards whatever happens. A job an earlier test file left training on
+    this shared cluster is stopped first: the stress skips nodes where the job trains (their GPUs are busy)."""
     node = cluster.nodes[-1]
+    r = cluster.playbook("tests/integration/playbooks/launch.yml", "-e", "test_launch_entry=reset",
+                         "-e", "test_launch_prepare=false")
+    assert r.returncode == 0, r.stdout[-3000:]
     for n in cluster.nodes:
         cluster.exec(n, ["sh", "-c", f"mkdir -p {STANDIN_DIR} && cat > {STANDIN} && chmod 0755 {STANDIN}"],
                      input=(REPO / "tests/sim/standin/gpu-stress-python").read_text())
