@@ -74,8 +74,9 @@ integration: images ## integration tests on simulated clusters
 
 test: lint unit molecule integration ## everything CI runs
 
-bench: venv engine ## benchmarks: prints a table and writes docs/benchmarks.md
+bench: venv engine ## benchmarks: prints the tables and writes docs/benchmarks.md
 	$(VENV)/bin/python tests/bench/run.py
+	$(VENV)/bin/python tests/bench/run.py --only scale,userpath --sizes 16,32,64 --userpath-sizes 2,4,8 --repeats 2
 
 clean: sim-down ## remove the simulated cluster and local caches
 	rm -rf .cache runs

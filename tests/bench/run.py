@@ -13,6 +13,11 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
             tasks and remote executions per node, the faster-than-linear tasks apart, a fitted model and its
             projection to 1,024 nodes; --config-at N adds ansible.cfg against Ansible's defaults, one setting at a
             time, at N nodes (tests/bench/scale.py; raw output docs/benchmarks-scale.json)
+  userpath  converged site.yml with every role on (default simulated nodes, a long job) at --userpath-sizes
+            (2,4,8), the light harness beside it at each size: controller CPU, its slope per added node and per
+            run, tasks run and skipped on the head and a worker; the roles' cost (the difference) added to the
+            light harness's 16-64-node points, said to be estimates, and projected to 1,024 nodes
+            (tests/bench/userpath.py; raw output docs/benchmarks-userpath.json)
   health    the health page and report.json of a report grown to 64, 256 and 1,024 nodes: render time, sizes, and
             whether headless Chromium opens the page (tests/bench/health.py; raw output docs/benchmarks-health.json)
   reset     reset.yml after a crash on 3 default simulated nodes (a fresh launch, one rank killed -9, reset.yml timed),
@@ -276,10 +281,12 @@ def main() -> int:
     p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
     p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
     p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts,health"))
+    p.add_argument("--userpath-sizes", default=os.environ.get("BENCH_USERPATH_SIZES", "2,4,8"),
+                   help="userpath: the sizes of default simulated nodes (every role on), the light harness beside each")
     p.add_argument("--config-at", type=int, default=None,
                    help="scale: also measure ansible.cfg against Ansible's defaults at this size (one of --sizes)")
     p.add_argument("--from-raw", action="store_true",
-                   help="scale: rewrite the doc's scale tables from docs/benchmarks-scale.json without measuring")
+                   help="scale, userpath: rewrite the doc's tables from their raw files without measuring")
     args = p.parse_args()
     only = set(args.only.split(","))
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -317,6 +324,20 @@ def main() -> int:
             scale.RAW.write_text(json.dumps(results, indent=1) + "\n")
         sections += scale.sections(results, command, machine())
         print("\n".join(sections[1:]), flush=True)
+        write_doc(sections, keep_header)
+    if "userpath" in only:
+        import userpath
+        import scale
+        scale_results = json.loads(scale.RAW.read_text()) if "scale" in only and scale.RAW.exists() else None
+        command = f".venv/bin/python tests/bench/run.py --only userpath --userpath-sizes {args.userpath_sizes} --repeats {args.repeats}"
+        if args.from_raw:
+            results = json.loads(userpath.RAW.read_text())
+            light = json.loads(scale.RAW.read_text()) if scale.RAW.exists() else {}
+            sections.append(userpath.section(results, light, results.get("scale_source", "?"), machine()))
+        else:
+            sections.append(userpath.run([int(s) for s in args.userpath_sizes.split(",") if s], args.repeats,
+                                         command, scale_results, machine()))
+        print(sections[-1], flush=True)
         write_doc(sections, keep_header)
     if "health" in only:
         import health

@@ -222,7 +222,8 @@ def path_mtu_module_seconds(report: Path) -> list[float]:
 # --------------------------------------------------------------------------- one measured run
 
 def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGroup, env_extra: dict | None = None,
-                 label: str = "", keep_output: bool = False) -> dict:
+                 label: str = "", keep_output: bool = False, args: list[str] | None = None) -> dict:
+    """One measured site.yml run (args: its extra arguments; the light harness's --skip-tags launch by default)."""
     from helpers import ansible_env
     ids = [subprocess.run(["docker", "inspect", "-f", "{{.Id}}", n], capture_output=True, text=True,
                           check=True).stdout.strip() for n in nodes]
@@ -245,7 +246,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
             env.update(env_extra)
             if env_extra.get("ANSIBLE_CACHE_PLUGIN") == "jsonfile":
                 env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(Path(tmp) / "facts")
-        argv = [str(venv_bin / "ansible-playbook"), "-i", str(inventory), "site.yml", *SKIP]
+        argv = [str(venv_bin / "ansible-playbook"), "-i", str(inventory), "site.yml", *(SKIP if args is None else args)]
         ctrl0, node0, busy0 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
         ru0 = os.times()
         t0 = time.monotonic()
@@ -287,6 +288,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
                                                         - (ru0.children_user + ru0.children_system))
     per_host_tasks = [v["ok"] + v["failed"] + v["skipped"] for v in recap.values()]
     per_host_run = [v["ok"] + v["failed"] for v in recap.values()]
+    head = min(recap, default=None)  # the simulated nodes are named <cluster>-node<i>; node1 is the head
     pmtu = path_mtu_module_seconds(REPO / "runs/latest/report.json")
     row = {
         "label": label, "nodes": n, "rc": proc.returncode, "wall_s": round(wall, 2),
@@ -300,6 +302,8 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         "cores": os.cpu_count(),
         "tasks_per_node": round(statistics.mean(per_host_tasks), 1) if per_host_tasks else None,
         "tasks_run_per_node": round(statistics.mean(per_host_run), 1) if per_host_run else None,
+        "tasks_by_host": {h: {"run": v["ok"] + v["failed"], "skipped": v["skipped"]} for h, v in recap.items()},
+        "head": head,
         "ssh_execs": len(targets), "ssh_execs_per_node": round(len(targets) / n, 1), "ssh_kinds": ssh_kinds,
         "ssh_tasks": ssh_tasks,
         "path_mtu_task_s": round(by_class["path_mtu"], 2), "cross_node_task_s": round(by_class["cross_node"], 2),
