@@ -1,12 +1,15 @@
 # -*- coding: utf-8 -*-
-"""Load the Jinja filters and tests and the action and connection plugins once, in ansible-playbook's own process,
-before it forks its first worker.
+"""Make the workers Ansible forks cheap: the plugins they need loaded once, the module payloads kept between runs.
 
 Ansible forks one worker per host and task. A worker that templates a filter finds the filter loader empty and
 loads every filter file of every configured path (its imports and regular expressions included), the same for
-tests and for the action plugin of its task, and throws it all away when it exits. Loaded here once, every worker
-inherits them (the controller CPU with and without it: docs/benchmarks.md, the scale section's ansible.cfg table,
-row "warm_workers off").
+tests and for the action plugin of its task, and throws it all away when it exits. Loaded here once, in
+ansible-playbook's own process before the first fork, every worker inherits them (the controller CPU with and
+without it: docs/benchmarks.md, the scale section's ansible.cfg table, row "warm_workers off").
+
+The first worker that runs a module builds the module's payload, and Ansible deletes it when the run ends; the
+payloads are kept between runs here (plugin_utils/module_cache.py says how, and why it is safe), so a converged run
+builds none.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ description:
     action plugins of the configured paths and the connection and shell plugins of the run, so the workers
     Ansible forks per host and task inherit them instead of each loading them again.
   - A plugin that fails to load here is left to the worker, which reports it as it would have.
+  - With O(module_cache), the module payloads Ansible builds in a run are kept under the user's Ansible temporary
+    directory (C(~/.ansible/tmp/trainyard-payloads/), 0700, keyed by a fingerprint of every source a payload can
+    hold) and put back at the start of the next run, so a converged run builds none.
 options:
   enabled:
     description: Load the plugins before the first fork; false leaves each worker to load them, as Ansible does.
@@ -31,12 +37,28 @@ options:
     ini:
       - section: callback_warm_workers
         key: enabled
+  module_cache:
+    description: Keep the module payloads between runs; false builds them in every run, as Ansible does.
+    type: bool
+    default: true
+    env:
+      - name: TRAINYARD_MODULE_CACHE
+    ini:
+      - section: callback_warm_workers
+        key: module_cache
 """
 
+import os
+import sys
+from pathlib import Path
+
+import ansible
+from ansible import constants as C
+from ansible import context
 from ansible.plugins.loader import action_loader, connection_loader, filter_loader, shell_loader, test_loader
 from ansible.utils.display import Display
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, module_cache
 
 display = Display()
 
@@ -52,8 +74,24 @@ def warm() -> None:
     shell_loader.get("sh")
 
 
+def payload_fingerprint() -> str:
+    """The fingerprint of every source a payload can hold, as the run starts (a source changed during the run gives
+    the next run another fingerprint, so what this run keeps under this one is never used with other sources)."""
+    args = context.CLIARGS.get("args") or ()
+    playbook_dir = Path(os.path.abspath(os.path.dirname(args[0]))) if args else None
+    collection_roots = [Path(os.path.expanduser(p)) for p in C.COLLECTIONS_PATHS]
+    collection_roots += [Path(p) for p in sys.path if p and os.path.isdir(os.path.join(p, "ansible_collections"))]
+    roots = module_cache.source_roots(
+        Path(ansible.__file__).resolve().parent, collection_roots,
+        [Path(os.path.expanduser(p)) for p in C.DEFAULT_MODULE_PATH or ()],
+        [Path(os.path.expanduser(p)) for p in C.DEFAULT_MODULE_UTILS_PATH or ()], playbook_dir,
+        [Path(os.path.expanduser(p)) for p in C.DEFAULT_ROLES_PATH or ()])
+    return module_cache.fingerprint(roots, module_cache.versions())
+
+
 class CallbackModule(bases.AlwaysLoadedCallback):
     CALLBACK_NAME = "warm_workers"
+    _fingerprint = None
 
     def v2_playbook_on_start(self, playbook):
         if not self.get_option("enabled"):
@@ -62,3 +100,29 @@ class CallbackModule(bases.AlwaysLoadedCallback):
             warm()
         except Exception as e:  # loading is an optimisation: a worker loads what is missing, and says why it failed
             display.vvv("warm_workers: %s: %s" % (type(e).__name__, e))
+        if self.get_option("module_cache"):
+            try:
+                self._fingerprint = payload_fingerprint()
+                store, why = module_cache.store_dir(Path(C.DEFAULT_LOCAL_TMP).parent, self._fingerprint, create=False)
+                if store is not None:
+                    n = module_cache.restore(store, Path(C.DEFAULT_LOCAL_TMP))
+                    display.vvv("warm_workers: %d module payload(s) from %s" % (n, store))
+                elif not why.endswith("No such file or directory"):
+                    display.vvv("warm_workers: module payloads built in this run: %s" % why)
+            except Exception as e:  # the payloads are an optimisation: the workers build what is missing
+                display.vvv("warm_workers: module payloads: %s: %s" % (type(e).__name__, e))
+
+    def v2_playbook_on_stats(self, stats):
+        if not (self.get_option("enabled") and self.get_option("module_cache")) or not self._fingerprint:
+            return
+        try:
+            store, why = module_cache.store_dir(Path(C.DEFAULT_LOCAL_TMP).parent, self._fingerprint, create=True)
+            if store is None:
+                display.vvv("warm_workers: module payloads not kept: %s" % why)
+                return
+            n = module_cache.save(Path(C.DEFAULT_LOCAL_TMP), store)
+            removed = module_cache.prune(store.parent)
+            display.vvv("warm_workers: %d module payload(s) kept in %s%s" % (
+                n, store, "; removed the older %s" % ", ".join(removed) if removed else ""))
+        except Exception as e:
+            display.vvv("warm_workers: module payloads not kept: %s: %s" % (type(e).__name__, e))
