@@ -327,3 +327,21 @@ def test_failure_tail_drops_torchruns_own_stack_and_report():
     assert "Connection reset by peer" in tail
     assert tail.splitlines()[-1].endswith("torchrun exited with code 1")
     assert tr.failure_tail("a\nb\n", 5) == "a\nb"
+
+
+def test_failure_tail_folds_a_dump_the_job_printed_before_it_failed():
+    # The tail of a real torchrun.log (2 nodes x 2 H100s in the training container, rank 3 killed -9 right after
+    # checkpoint-10 was saved: docs/gpu-acceptance/container-2x2-hardened/status.log): 19 of its last 30 lines are
+    # the model config the save printed.
+    text = log("container_killed_after_checkpoint.log")
+    tail = tr.failure_tail(text, 12).splitlines()
+    assert tail[-1].endswith("torchrun exited with code 1")
+    assert any("failed (exitcode: -9) local_rank: 1" in x for x in tail)
+    assert any("Connection closed by localRank 1" in x for x in tail)
+    assert any("tokenizer config file saved" in x for x in tail)
+    assert "more lines of the job's output" in "\n".join(tail)
+    assert sum('"' in x and x.startswith("  ") for x in tail) <= 2
+    # a traceback is kept whole, however deep
+    tb = ["Traceback (most recent call last):"] + [f'  File "f{i}.py", line {i}, in g\n    x()' for i in range(6)]
+    tb = "\n".join(tb + ["RuntimeError: NCCL error", "trainyard-launch: torchrun exited with code 1"])
+    assert tr.failure_tail(tb, 40) == tb

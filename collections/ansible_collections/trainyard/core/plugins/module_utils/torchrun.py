@@ -702,7 +702,37 @@ def failure_tail(text, lines=30):
             break
     if cut_from is not None:
         all_lines = all_lines[:cut_from] + all_lines[cut_to + 1:]
-    return "\n".join(all_lines[-lines:])
+    return "\n".join(fold_dumps(all_lines)[-lines:])
+
+
+# A line that continues a block the job printed: indented, or only a closing bracket (a config or JSON dump).
+_CONTINUATION = re.compile(r"^\s+\S|^[\]})]+,?\s*$")
+
+
+def fold_dumps(lines, keep=2):
+    """Runs of more than keep + 1 continuation lines (a model config or JSON dump the job printed just before it
+    failed) cut to their first `keep` lines and a count, so the lines that say what happened fit in the tail. A
+    Python traceback is kept whole: from its "Traceback" line to the exception line."""
+    out, i, in_tb = [], 0, False
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb = True
+        elif in_tb:
+            in_tb = not line or line[0].isspace()
+        elif _CONTINUATION.match(line):
+            j = i
+            while j < len(lines) and _CONTINUATION.match(lines[j]):
+                j += 1
+            if j - i > keep + 1:
+                out += lines[i:i + keep] + [f"  ... {j - i - keep} more lines of the job's output"]
+            else:
+                out += lines[i:j]
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    return out
 
 
 def last_line(text):
