@@ -39,11 +39,7 @@ options:
   group_dir:
     description: The job's read-only directory, kept root's with the group I(gid), C(g+rx), C(g-w) (created when missing).
     type: path
-  refuse:
-    description: Reasons not to touch the node; given, the module fails with them (one a line) before anything.
-    type: list
-    elements: str
-    default: []
+extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
 
@@ -79,14 +75,11 @@ def main():
             uid=dict(type="int"),
             gid=dict(type="int"),
             group_dir=dict(type="path"),
-            refuse=dict(type="list", elements="str", default=[]),
         ),
         required_together=[("uid", "gid")],
         supports_check_mode=True,
     )
     p = module.params
-    if p["refuse"]:
-        module.fail_json(msg="\n".join(p["refuse"]))
     ids = None if p["uid"] is None else (p["uid"], p["gid"])
     try:
         result = mountdirs.ensure(p["directories"], p["writable"], ids, p["group_dir"], module.check_mode)

@@ -1,7 +1,7 @@
 """library/mount_dirs.py run by the real `ansible` (local connection, as root) on a temporary tree: the container
 role's mount sources created as mkdir -p would, the writable ones given to the job's uid:gid (top directory only,
 never through a link), the job's read-only directory given the job's group; converged: changed false; check mode
-changes nothing; a refusal before anything."""
+changes nothing."""
 
 from __future__ import annotations
 
@@ -116,12 +116,6 @@ def test_root_job_gives_nothing(tmp_path: Path):
     out = tmp_path / "outputs"
     r = run({"directories": [str(out)], "writable": [str(out)], "group_dir": str(out)})
     assert r["changed"] and r["given"] == [] and r["group_dir"] is None and owner(out) == (0, 0), r
-
-
-def test_refuses_before_touching_anything(tmp_path: Path):
-    msg = "n1: container_image is empty. Set it to the training image"
-    r = run(dict(job_args(tmp_path), refuse=[msg]))
-    assert r.get("failed") and r["msg"] == msg and not (tmp_path / "srv").exists(), r
 
 
 def test_bad_input_is_one_line(tmp_path: Path):
