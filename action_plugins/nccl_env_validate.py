@@ -59,6 +59,15 @@ options:
     type: list
     elements: str
     default: []
+  write:
+    description:
+      - "Write the file on the node in the same task, as C(ansible.builtin.template) would: the arguments of the
+        C(job_files) module (C(directories), C(files), C(roots), C(return_content), C(glob), C(read)); each entry
+        of C(files) without C(content) gets the file's text. Where the build found a bad name or value the task
+        fails with C(refuse) before the node is touched (the C(nccl_env.variables) record is in the result, as
+        C(preflight_record), for a rescue to record). C(changed) is the write's."
+      - The module's result is returned as C(write).
+    type: dict
 extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
@@ -110,6 +119,11 @@ path:
 fabric:
   description: "What C(nccl_env.fabric) checks on the node, C({profile, gpu_nics, plugin_dir, ib_hca}), for I(compare)."
   returned: unless I(compare) is given
+  type: dict
+write:
+  description: "With I(write): the result of the C(job_files) module (C(files), C(directories), C(globbed), C(read),
+    C(read_skipped))."
+  returned: with I(write), when the build found nothing to refuse
   type: dict
 records:
   description: "With I(compare): C({host: [nccl_env.fabric, nccl_env.consistent]}) for preflight_check."
@@ -167,11 +181,30 @@ class ActionModule(bases.ControllerAction):
         result = self.record(task_vars, variables_record(env, errors, profile, str(args.get("fix") or "")))
         result["ansible_facts"].update(bases.need_dict(args.get("publish") or {}, "nccl_env_validate: 'publish'"))
         settings = args.get("settings") or {}
-        return dict(result, ok=not errors, errors=errors, sections=merged, env=env,
-                    refuse=[f"{host}: {'; '.join(errors)}"] if errors else [],
-                    content=render_checks.env_file_text(merged, str(args.get("job") or ""), managed_header()),
-                    path=str(args.get("path") or ""),
-                    fabric={k: settings.get(k, "") for k in ("profile", "gpu_nics", "plugin_dir", "ib_hca")})
+        built = dict(result, ok=not errors, errors=errors, sections=merged, env=env,
+                     refuse=[f"{host}: {'; '.join(errors)}"] if errors else [],
+                     content=render_checks.env_file_text(merged, str(args.get("job") or ""), managed_header()),
+                     path=str(args.get("path") or ""),
+                     fabric={k: settings.get(k, "") for k in ("profile", "gpu_nics", "plugin_dir", "ib_hca")})
+        if args.get("write") is not None:
+            return self.write(bases.need_dict(args["write"], "nccl_env_validate: 'write'"), built, task_vars)
+        return built
+
+    def write(self, write, built, task_vars):
+        """The file written on the node by the job_files module (one round trip, through module_utils/jobtree.py);
+        a refused build fails here, before the node is touched, with job_files' message (the refusal's lines)."""
+        if built["refuse"]:
+            return dict(built, failed=True, msg="\n".join(built["refuse"]))
+        files = write.get("files") or []
+        if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+            raise AnsibleActionFail("nccl_env_validate: 'write.files' must be a list of {path, mode}")
+        module_args = dict(write, files=[f if "content" in f else dict(f, content=built["content"]) for f in files])
+        written = self._execute_module(module_name="job_files", module_args=module_args, task_vars=task_vars)
+        written.pop("invocation", None)
+        out = dict(built, write=written, changed=bool(written.get("changed")))
+        if written.get("failed"):
+            out.update(failed=True, msg=written.get("msg", "job_files failed"))
+        return out
 
     @staticmethod
     def compare(args, task_vars):

@@ -175,38 +175,6 @@ def job_user(user, home: str) -> dict:
             "env": {"HOME": home, "USER": "trainyard", "LOGNAME": "trainyard"} if ids else {}}
 
 
-def dirs_to_give(stat_out: str, user) -> list:
-    """The writable mount sources to give to the job's uid:gid (the top directory only, never recursive).
-
-    stat_out: `stat --printf '%u:%g:%a:%F:%n\\0'` of each source (links not followed). A directory is given when
-    root owns it and the job's uid cannot write it (a 0755 directory made by mkdir -p, or by an earlier root
-    container); one of another owner (an operator's shared space) or already writable (1777) is left as it is, and
-    a symlink is never followed. A source below another writable source is left too: the job could swap a directory
-    on its path for a symlink between the read and the chown (chown -h follows every component but the last).
-    Nothing is given when the job runs as root or as the image's user.
-    """
-    ids = container_user_ids(user)
-    if not ids:
-        return []
-    uid, gid = ids
-    entries = [e.strip("\n").split(":", 4) for e in (stat_out or "").split("\0")]
-    roots = [p[4].rstrip("/") + "/" for p in entries if len(p) == 5]
-    out = []
-    for parts in entries:
-        if len(parts) != 5 or parts[3] != "directory":
-            continue
-        if any(parts[4].startswith(r) for r in roots):
-            continue
-        try:
-            owner, group, mode = int(parts[0]), int(parts[1]), int(parts[2], 8)
-        except ValueError:
-            continue
-        writable = (mode & 0o002) or (owner == uid and mode & 0o200) or (group == gid and mode & 0o020)
-        if owner == 0 and not writable and parts[4] not in out:
-            out.append(parts[4])
-    return out
-
-
 def hardening_problems(inspect: dict, expected: dict) -> list:
     """The container's user, capabilities and no-new-privileges against the wanted ones (config_problems' part).
 
@@ -481,7 +449,6 @@ class FilterModule:
             "container_config_problems": config_problems,
             "container_caps_spec": caps_spec,
             "container_job_user": job_user,
-            "container_dirs_to_give": dirs_to_give,
             "container_health_records": health_records,
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,

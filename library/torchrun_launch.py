@@ -123,6 +123,15 @@ options:
     type: str
     choices: [env, file]
     default: env
+  stale_secret_env_file:
+    description:
+      - The secrets file an earlier launch of this job was given, removed (a directory there with what is below it,
+        as C(ansible.builtin.file) C(state=absent) would; a link is removed, never followed) when I(state=started)
+        and I(secret_env_file) is empty (the job has no secrets now); ignored otherwise. In check mode it is only
+        reported (C(stale_secret_env_file_removed), C(changed)).
+      - Done before the start is judged, so it happens also where the job already runs with this command.
+    type: path
+    default: ""
   secrets_dir:
     description: Directory of the secret files for I(secret_env_mode=file); default C(secrets/) beside I(secret_env_file).
       Its parent must exist (the launch role's host-only 0700 directory on the /run tmpfs). A start without secret
@@ -283,6 +292,10 @@ cgroup_tracking:
     find every process in its cgroup; C(skip: <why>) when not (a warning too)."
   returned: on a start with runtime docker
   type: str
+stale_secret_env_file_removed:
+  description: I(stale_secret_env_file) was there and is removed (in check mode, would be).
+  returned: state=started with stale_secret_env_file and no secret_env_file
+  type: bool
 secrets_dir:
   description: The directory of the job's secret files (I(secret_env_mode=file)); names only inside, never a value here.
   returned: on a start with secret_env_mode=file and secrets
@@ -707,6 +720,31 @@ class Launch(object):
             return self.p["secrets_dir"]
         return os.path.join(os.path.dirname(self.p["secret_env_file"]), "secrets") if self.p["secret_env_file"] else ""
 
+    def remove_stale_secret_env_file(self, path):
+        """The secrets file of an earlier launch, when the job has none now: unlinked relative to its directory's
+        descriptor (a link goes, its target stays; a directory goes with what is below it, as file state=absent)."""
+        removed = False
+        try:
+            parent = jt.open_root(os.path.dirname(path))
+        except FileNotFoundError:
+            parent = None  # no directory, no file
+        except OSError as e:
+            self.m.fail_json(msg="stale_secret_env_file %s: cannot open its directory (%s)" % (path, e.strerror or e),
+                             **self.result)
+        if parent is not None:
+            try:
+                removed = jt.stat_at(parent, os.path.basename(path)) is not None
+                if removed and not self.m.check_mode:
+                    jt.remove_tree(parent, os.path.basename(path))
+            except OSError as e:
+                self.m.fail_json(msg="stale_secret_env_file %s: cannot remove it (%s)" % (path, e.strerror or e),
+                                 **self.result)
+            finally:
+                os.close(parent)
+        self.result["stale_secret_env_file_removed"] = removed
+        if removed:
+            self.result["changed"] = True
+
     def clear_secrets(self):
         """Empty the secrets directory of an earlier launch (the directory stays: a container mounts it, and a
         directory made anew would not be the one it sees)."""
@@ -889,6 +927,8 @@ class Launch(object):
         except tr.LaunchError as e:
             self.m.fail_json(msg=str(e), **self.result)
         self.m.no_log_values.update(v for k, v in extra_env.items() if tr.looks_secret(k) and v)
+        if p["stale_secret_env_file"] and not p["secret_env_file"]:
+            self.remove_stale_secret_env_file(p["stale_secret_env_file"])
         secret_names = self.secret_names()
         if p["secret_env_mode"] == "file" and secret_names:
             extra_env[SECRETS_DIR_ENV] = self.secrets_dir()  # the path only; the job reads the files
@@ -1100,6 +1140,7 @@ def main():
             secret_env_file=dict(type="path", default=""),
             secret_env_mode=dict(type="str", default="env", choices=["env", "file"]),
             secrets_dir=dict(type="path", default=""),
+            stale_secret_env_file=dict(type="path", default=""),
             secrets_uid=dict(type="int", default=-1),
             chdir=dict(type="path"),
             log=dict(type="path"),

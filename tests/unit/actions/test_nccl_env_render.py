@@ -199,3 +199,18 @@ def test_bad_options_stop_in_validation(var, value):
     hv = {"n1": {"ansible_host": "198.51.100.1", var: value}}
     (line,) = cm.validate({"trainers": ["n1"]}, hv, roles=cm.load_role_specs(REPO / "roles"))
     assert line.startswith("Stop if ") and f"{var}={value}" in line and " on n1" in line
+
+
+def test_one_task_builds_and_writes_and_a_refusal_still_records_its_check(tmp_path):
+    """The build writes the file itself (no task of its own for the write). A node whose variables it refuses fails
+    before its file is written, and its nccl_env.variables record (a failed task sets no fact) lands through the
+    rescue; the other nodes go on."""
+    c = LocalCluster(tmp_path, hostvars={"node2": {"nccl_env_extra": {"NCCL_SOCKET_IFNAM": "eth1"}}})
+    p = _run(c)
+    assert p.returncode != 0 and "did you mean NCCL_SOCKET_IFNAME?" in p.stdout, p.stdout[-3000:]
+    assert "TASK [nccl_env : Render the NCCL/torch env file]" not in p.stdout
+    assert "then render the NCCL/torch env file]" in p.stdout
+    recs = c.records(p, "nccl_env.variables")
+    assert {h: r["status"] for h, r in recs.items()} == {"node1": "pass", "node2": "fail", "node3": "pass"}, recs
+    assert "NCCL_SOCKET_IFNAM" in recs["node2"]["detail"]
+    assert not c.path("node2", "nccl.env").exists() and c.path("node1", "nccl.env").exists()

@@ -398,20 +398,3 @@ def test_job_user():
     assert cf.job_user("", "/tmp/h") == {"user": None, "ids": None, "env": {}}
     with pytest.raises(ValueError):
         cf.job_user("1000", "/tmp/h")
-
-
-def test_dirs_to_give_only_roots_unwritable_directories():
-    out = "\0".join([
-        "0:0:755:directory:/srv/outputs",           # made by mkdir -p: given
-        "0:0:1777:directory:/srv/job-rw/progress",  # world-writable already: left
-        "1000:1000:755:directory:/srv/shared-space",  # another owner: left
-        "65532:65532:755:directory:/srv/code",      # the job's already
-        "0:65532:775:directory:/srv/grp",           # writable through the group
-        "0:0:777:symbolic link:/srv/link",          # a link: never followed, never given
-        "0:0:700:directory:/srv/a:b",               # a colon in the path
-        "0:0:755:directory:/srv/outputs/code",      # below another writable source: its parent is the job's
-    ]) + "\0"
-    assert cf.dirs_to_give(out, "65532:65532") == ["/srv/outputs", "/srv/a:b"]
-    assert cf.dirs_to_give(out, "root") == []
-    assert cf.dirs_to_give(out, "") == []
-    assert cf.dirs_to_give("", "65532:65532") == []

@@ -39,7 +39,7 @@ def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.Com
     pb.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
         {"torchrun_launch": args, "register": "r"},
         {"ansible.builtin.copy": {"content": "{{ r | to_json }}", "dest": str(tmp_path / "result.json"),
-                                  "mode": "0600"}}]}]))
+                                  "mode": "0600"}, "check_mode": False}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     p = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", "localhost,", "-c", "local",
@@ -219,3 +219,34 @@ def test_secret_files_belong_to_the_containers_user():
     assert mod.container_user_ids("1000") == (1000, 1000)
     for user in ("", "root", "0:0", "trainer", "trainer:1000"):
         assert mod.container_user_ids(user) == (0, 0), user
+
+
+def test_a_start_without_secrets_removes_the_stale_secrets_file(tmp_path):
+    """The former "Remove the secrets file when the job has no secrets" task, now the start's own step: check mode
+    names it and keeps it, the start removes it (a link goes, its target stays), an absent file changes nothing."""
+    host_only = tmp_path / "run"
+    host_only.mkdir(mode=0o700)
+    stale = host_only / "secrets.env"
+    stale.write_text(f"HF_TOKEN={SECRET}\n")
+    p, res = playbook(tmp_path, "--check", stale_secret_env_file=str(stale))
+    assert p.returncode == 0 and res["stale_secret_env_file_removed"] and res["changed"], p.stdout[-2000:]
+    assert stale.exists()
+    try:
+        p, res = playbook(tmp_path, stale_secret_env_file=str(stale))
+        assert p.returncode == 0 and res["stale_secret_env_file_removed"], p.stdout[-2000:]
+        assert not stale.exists()
+        target = tmp_path / "elsewhere"
+        target.write_text("keep")
+        stale.symlink_to(target)
+        p, res = playbook(tmp_path, stale_secret_env_file=str(stale))  # the same job runs: left alone, link gone
+        assert p.returncode == 0 and res["stale_secret_env_file_removed"] and res["changed"], p.stdout[-2000:]
+        assert not os.path.lexists(stale) and target.read_text() == "keep"
+        p, res = playbook(tmp_path, stale_secret_env_file=str(stale))
+        assert p.returncode == 0 and not res["stale_secret_env_file_removed"] and not res["changed"], res
+        # With secrets, the option is ignored: the file stays.
+        stale.write_text(f"HF_TOKEN={SECRET}\n")
+        stale.chmod(0o600)
+        p, res = playbook(tmp_path, "--check", stale_secret_env_file=str(stale), secret_env_file=str(stale))
+        assert "stale_secret_env_file_removed" not in res and stale.exists(), res
+    finally:
+        stop(tmp_path)

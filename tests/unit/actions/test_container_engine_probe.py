@@ -1,0 +1,49 @@
+"""action_plugins/container_engine_probe.py: the container role's first node call refuses where container_image is not
+set (the message of the former "Stop if container_image is not set" task) before the role touches anything, install
+included; otherwise it is community.docker.docker_host_info."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import BIN, REPO, adhoc
+
+MSG = ("localhost: container_image is empty. Set it to the training image (e.g. "
+       "registry.example.com/team/train:2024-11 or repo@sha256:<digest>) in the cluster's group_vars/all.yml.")
+
+
+def test_refuses_with_its_lines_and_runs_nothing():
+    r = adhoc("container_engine_probe", {"refuse": ["n1: first", "n1: second"]})
+    assert r.get("failed") and r["refused"] and r["msg"] == "n1: first\nn1: second", r
+    assert "can_talk_to_docker" not in r
+
+
+def test_without_refusal_it_is_the_engine_probe():
+    r = adhoc("container_engine_probe", {"refuse": []})
+    assert "refused" not in r and "can_talk_to_docker" in r, r
+
+
+def test_the_role_refuses_an_unset_image_before_the_install(tmp_path: Path):
+    play = tmp_path / "play.yml"
+    play.write_text(json.dumps([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars": {"container_image": " ", "container_engine_install": True},
+        "tasks": [{"ansible.builtin.import_role": {"name": "container", "rolespec_validate": False}}]}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_ROLES_PATH=str(REPO / "roles"))
+    p = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+                        "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out, _ = json.JSONDecoder().raw_decode(p.stdout[p.stdout.index("{"):])
+    tasks = [(t["task"]["name"], t["hosts"]["localhost"]) for t in out["plays"][0]["tasks"]]
+    failed = [(name, res) for name, res in tasks if res.get("failed")]
+    assert p.returncode != 0 and len(failed) == 1, tasks
+    name, res = failed[0]
+    assert name.endswith("Stop if container_image is not set, else probe the docker engine"), name
+    assert res["msg"] == MSG and res["refused"], res
+    assert not any(res.get("changed") for _, res in tasks), tasks
+    assert all(res.get("skipped") for name, res in tasks if "Install" in name), tasks
