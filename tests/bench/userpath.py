@@ -99,13 +99,16 @@ def head_worker(point: dict) -> dict:
 
 
 def roles_cost(results: dict) -> dict:
-    """What the roles the light harness cannot run add, per cost: a + b·n fitted on user(n) - light(n)."""
+    """What the roles the light harness cannot run add, per cost: a + b·n fitted on user(n) - light(n) (b·n alone
+    where the fitted a is negative: the roles add work, they cannot save a run its fixed cost)."""
     pts = [e for e in results["sizes"] if "user" in e and "light" in e]
     ns = [e["nodes"] for e in pts]
     out = {"fitted_on": ns}
     for k in COSTS:
         diffs = [e["user"]["median"][k] - e["light"]["median"][k] for e in pts]
         a, b = scale.fit_line(ns, diffs) if len(pts) >= 2 else (0.0, diffs[0] / ns[0] if pts else 0.0)
+        if a < 0:  # the roles cannot save a run anything: a negative fixed part is noise, fit the cost per node alone
+            a, b = 0.0, sum(x * y for x, y in zip(ns, diffs)) / sum(x * x for x in ns)
         out[k] = {"per_node": round(b, 3), "fixed": round(a, 2), "diffs": [round(d, 2) for d in diffs]}
     return out
 

@@ -59,3 +59,12 @@ def test_the_median_uses_only_clean_runs_and_says_whether_every_run_was():
     m = userpath._median(runs)
     assert m["controller_cpu_s"] == 11.0 and m["controller_cpu_s_range"] == [10.0, 12.0]
     assert m["runs_used"] == 3 and m["all_clean"] is False
+
+
+def test_a_negative_fixed_part_of_the_roles_cost_is_fitted_as_a_cost_per_node_alone():
+    # The differences 1.9, 4.1, 7.9 at 2, 4, 8 nodes fit -0.1 + 1.0n; the roles' cost is taken as b·n through 0.
+    res = _results([_point(n, d + 1.0, 1.0, 1.0) for n, d in ((2, 1.9), (4, 4.1), (8, 7.9))],
+                   [_point(n, 1.0, 1.0, 1.0) for n in (2, 4, 8)])
+    roles = userpath.roles_cost(res)
+    assert roles["controller_cpu_s"]["fixed"] == 0.0
+    assert roles["controller_cpu_s"]["per_node"] == pytest.approx((2 * 1.9 + 4 * 4.1 + 8 * 7.9) / 84, abs=1e-3)
