@@ -125,6 +125,11 @@ write:
     C(read_skipped))."
   returned: with I(write), when the build found nothing to refuse
   type: dict
+files:
+  description: "With I(write): the write's C(files) (each C({path, changed, ...}) as C(job_files) gives them), on the
+    task's own result so the check-mode plan shows the file the run would write; its C(diff) beside it in diff mode."
+  returned: with I(write), when the build found nothing to refuse
+  type: list
 records:
   description: "With I(compare): C({host: [nccl_env.fabric, nccl_env.consistent]}) for preflight_check."
   returned: with I(compare)
@@ -201,7 +206,9 @@ class ActionModule(bases.ControllerAction):
         module_args = dict(write, files=[f if "content" in f else dict(f, content=built["content"]) for f in files])
         written = self._execute_module(module_name="job_files", module_args=module_args, task_vars=task_vars)
         written.pop("invocation", None)
-        out = dict(built, write=written, changed=bool(written.get("changed")))
+        # The write's files and diff on the task's result, as job_files gives them (the check-mode plan shows them).
+        out = dict(built, write=written, changed=bool(written.get("changed")), files=written.get("files") or [],
+                   **({"diff": written["diff"]} if written.get("diff") else {}))
         if written.get("failed"):
             out.update(failed=True, msg=written.get("msg", "job_files failed"))
         return out

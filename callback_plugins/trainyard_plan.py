@@ -43,12 +43,17 @@ def _short(action):
     return str(action or "").rsplit(".", 1)[-1]
 
 
-def kind_of(action):
+def kind_of(action, result=None):
+    """The kind of change a task's action makes; an action that writes through job_files in its own call (its result
+    carries job_files' changed `files`) is a file change too, whatever its name."""
     a = _short(action)
     for kind, names in (("file", _FILE), ("package", _PACKAGE), ("hold", _HOLD), ("image", _IMAGE),
                         ("container", _CONTAINER), ("job", _JOB)):
         if a in names:
             return kind
+    if isinstance(result, Mapping) and any(isinstance(f, Mapping) and f.get("changed") and f.get("path")
+                                           for f in result.get("files") or []):
+        return "file"
     return "other"
 
 
@@ -103,7 +108,7 @@ def diff_text(diffs):
 
 def summarize(action, args, result):
     """One line that says what the real run would do (pure; unit-tested)."""
-    kind = kind_of(action)
+    kind = kind_of(action, result)
     args = args if isinstance(args, Mapping) else {}
     if kind == "file":
         paths = _paths(result, args)
@@ -187,8 +192,9 @@ class CallbackModule(bases.AlwaysLoadedCallback):
                                 "summary": "changed (details hidden: no_log)", "diff": ""})
                 continue
             args = (item.get("invocation") or {}).get("module_args") or task.args or {}
-            text = diff_text(item.get("diff")) if kind_of(action) not in ("container", "package") else ""
-            entry = {"task": task.get_name(), "kind": kind_of(action), "action": _short(action),
+            kind = kind_of(action, item)
+            text = diff_text(item.get("diff")) if kind not in ("container", "package") else ""
+            entry = {"task": task.get_name(), "kind": kind, "action": _short(action),
                      "summary": summarize(action, args, item), "diff": text[:_MAX_DIFF],
                      "changed": bool(item.get("changed"))}
             if kind_of(action) == "job" and isinstance(item.get("plan"), Mapping):

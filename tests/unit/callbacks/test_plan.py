@@ -88,6 +88,19 @@ def test_outside_check_mode_nothing_is_pending_and_no_plan(tmp_path):
     assert got["plan"] == []
 
 
+def test_an_action_that_writes_through_job_files_in_its_own_call_is_a_file_change():
+    # nccl_env_validate builds the env file and writes it with job_files in one task: its result carries the write's
+    # files; a changed one makes the entry a file change named by its path (whatever the action's name).
+    res = {"changed": True, "files": [{"path": "/var/lib/trainyard/j/job-ro/nccl.env", "changed": True}],
+           "diff": [{"before": "A=1\nNCCL_DEBUG=TRACE\n", "after": "A=1\n", "before_header": "nccl.env",
+                     "after_header": "nccl.env"}]}
+    assert cb.kind_of("nccl_env_validate", res) == "file"
+    assert cb.summarize("nccl_env_validate", {}, res) == "write /var/lib/trainyard/j/job-ro/nccl.env"
+    assert "-NCCL_DEBUG=TRACE" in cb.diff_text(res["diff"])
+    assert cb.kind_of("nccl_env_validate", {"changed": True, "files": [{"path": "/x", "changed": False}]}) == "other"
+    assert cb.kind_of("nccl_env_validate") == "other"
+
+
 def test_plan_summaries_name_what_the_run_would_do():
     assert cb.summarize("community.docker.docker_image_pull", {"name": "reg:5055/t/train:sim", "tag": "latest"},
                         {}) == "pull reg:5055/t/train:sim"
