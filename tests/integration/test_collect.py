@@ -36,6 +36,15 @@ def launch(cluster, *args):
     return cluster.playbook(LAUNCH, *args)
 
 
+def clear_progress_and_checkpoints(cluster):
+    """An empty progress directory and no checkpoint on any node: the launch resumes from the newest checkpoint under
+    /srv/outputs, and an earlier test's (another file's job on the same cluster) would start this job at its step,
+    or past its last one, so that it ends without a step or a progress file."""
+    for node in cluster.nodes:
+        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {RW}/progress && rm -f {RW}/progress/* "
+                                        f"&& rm -rf {STATE}/stacks /srv/outputs/checkpoint-*"])
+
+
 def run_dir_of(output: str) -> Path:
     m = re.search(r"Summary: (\S+)/collect\.md", output)
     assert m, output[-4000:]
@@ -47,8 +56,7 @@ def job(cluster):
     """The example job on every node with progress files; node 2 given GPU faults."""
     r = launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
-    for node in cluster.nodes:
-        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {RW}/progress && rm -f {RW}/progress/*"])
+    clear_progress_and_checkpoints(cluster)
     extra = {"launch_example_argv": ARGV, "launch_wait_timeout": 600,
              "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{RW}/progress"}}
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from test_collect import CONTAINER, RW, STATE, launch, run_dir_of, steps, wait_until
+from test_collect import CONTAINER, RW, STATE, clear_progress_and_checkpoints, launch, run_dir_of, steps, wait_until
 
 ARGV = ["--steps", "100000", "--save-every", "0", "--sleep", "0.05", "--work", "400", "--output-root", "/srv/outputs",
         "--collective-timeout", "1800"]
@@ -30,9 +30,7 @@ PS = "ps -eo pid=,args= | grep '[d]dp_train.py' | grep -v torchrun | awk '{print
 def start_job(cluster, argv):
     r = launch(cluster, "-e", "test_launch_entry=reset", "-e", "test_launch_prepare=false")
     assert r.returncode == 0, r.stdout[-3000:]
-    for node in cluster.nodes:
-        cluster.exec(node, ["sh", "-c", f"mkdir -p -m 1777 {RW}/progress && rm -f {RW}/progress/* "
-                                        f"&& rm -rf {STATE}/stacks"])
+    clear_progress_and_checkpoints(cluster)
     extra = {"launch_example_argv": argv, "launch_wait_timeout": 600,
              "launch_env": {"TRAINYARD_PROGRESS_DIR": f"{RW}/progress"}}
     r = launch(cluster, "-e", "test_launch_entry=main", "-e", json.dumps(extra))
