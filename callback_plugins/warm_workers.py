@@ -46,8 +46,24 @@ options:
     ini:
       - section: callback_warm_workers
         key: module_cache
+  freeze_heap:
+    description:
+      - Move every object ansible-playbook holds into Python's permanent generation before each task's workers are
+        forked (C(gc.freeze())), after collecting the young generations. The cyclic collector then no longer walks
+        the inventory, the variables and the loaded plugins, in ansible-playbook or in the workers, and a worker's
+        collector does not write to (and so copy) the pages it shares with its parent.
+      - Cyclic garbage that survived into the oldest generation is kept until the run ends; reference counting
+        still frees everything else.
+    type: bool
+    default: true
+    env:
+      - name: TRAINYARD_FREEZE_HEAP
+    ini:
+      - section: callback_warm_workers
+        key: freeze_heap
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -111,6 +127,17 @@ class CallbackModule(bases.AlwaysLoadedCallback):
                     display.vvv("warm_workers: module payloads built in this run: %s" % why)
             except Exception as e:  # the payloads are an optimisation: the workers build what is missing
                 display.vvv("warm_workers: module payloads: %s: %s" % (type(e).__name__, e))
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._freeze()
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._freeze()
+
+    def _freeze(self):
+        if self.get_option("enabled") and self.get_option("freeze_heap"):
+            gc.collect(1)
+            gc.freeze()
 
     def v2_playbook_on_stats(self, stats):
         if not (self.get_option("enabled") and self.get_option("module_cache")) or not self._fingerprint:

@@ -65,20 +65,21 @@ def main() -> int:
     ap.add_argument("--cluster", action="append", required=True, help="a simulated cluster's name (.sim/<name>)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", required=True)
+    ap.add_argument("--out", type=Path, default=HERE, help="where the logs and summaries go (default: beside this file)")
     ap.add_argument("--no-converge", action="store_true", help="the clusters are converged by these trees already")
     a = ap.parse_args()
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
     if not a.no_converge:
         for cluster in a.cluster:
             for name, tree in trees:
-                run(tree, cluster, HERE / f"{a.label}-{name}-{cluster}-converge.log")
+                run(tree, cluster, a.out / f"{a.label}-{name}-{cluster}-converge.log")
     rows = []
-    with (HERE / f"{a.label}.jsonl").open("w") as fh:
+    with (a.out / f"{a.label}.jsonl").open("w") as fh:
         for rnd in range(1, a.rounds + 1):
             for cluster in a.cluster:
                 order = trees if rnd % 2 else list(reversed(trees))  # alternate which tree goes first
                 for name, tree in order:
-                    row = dict(run(tree, cluster, HERE / f"{a.label}-{name}-{cluster}-{rnd}.log"), tree=name,
+                    row = dict(run(tree, cluster, a.out / f"{a.label}-{name}-{cluster}-{rnd}.log"), tree=name,
                                round=rnd)
                     rows.append(row)
                     fh.write(json.dumps(row) + "\n")
@@ -100,7 +101,7 @@ def main() -> int:
             per["slope_cpu_per_node_s"] = round(slope, 2)
             per["fixed_cpu_s"] = round(sizes[0]["cpu_median_s"] - slope * sizes[0]["nodes"], 2)
         summary[name] = per
-    (HERE / f"{a.label}-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (a.out / f"{a.label}-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -23,9 +23,17 @@ with open(os.environ["PROBE_LOG"], "a") as f:
     f.write("%d\\n" % os.getpid())
 
 
+def probe(value):
+    # where the filter runs (a worker): how many objects sit in Python's permanent generation
+    import gc
+    with open(os.environ["PROBE_LOG"] + ".frozen", "a") as f:
+        f.write("%d %d\\n" % (os.getpid(), gc.get_freeze_count()))
+    return value
+
+
 class FilterModule:
     def filters(self):
-        return {"probe_import": lambda v: v}
+        return {"probe_import": probe}
 """
 
 
@@ -56,3 +64,22 @@ def test_switched_off_every_worker_loads_the_filters_again(tmp_path):
     done, pids, main_pid = run_playbook(tmp_path, TRAINYARD_WARM_WORKERS="false")
     assert done.returncode == 0, done.stdout[-2000:]
     assert len(pids) == 6 and main_pid not in pids
+
+
+def frozen_in_workers(tmp_path) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in line.split()) for line in (tmp_path / "imports.log.frozen").read_text().splitlines()]
+
+
+def test_workers_start_with_the_heap_frozen(tmp_path):
+    # Every worker is forked after the callback froze ansible-playbook's objects: its collector leaves them alone.
+    done, _pids, main_pid = run_playbook(tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:]
+    seen = frozen_in_workers(tmp_path)
+    assert len(seen) == 6 and all(pid != main_pid and n > 10000 for pid, n in seen), seen
+
+
+def test_freeze_heap_off_leaves_the_heap_to_the_collector(tmp_path):
+    done, _pids, _main_pid = run_playbook(tmp_path, TRAINYARD_FREEZE_HEAP="false")
+    assert done.returncode == 0, done.stdout[-2000:]
+    seen = frozen_in_workers(tmp_path)
+    assert len(seen) == 6 and all(n == 0 for _pid, n in seen), seen
