@@ -46,6 +46,19 @@ options:
     ini:
       - section: callback_warm_workers
         key: module_cache
+  compiled_templates:
+    description:
+      - Keep every Jinja template compiled for the whole run, and compile the templates of each task (its arguments,
+        its variables, its role's defaults and variables) before its workers are forked, so that the workers inherit
+        them instead of each compiling them again (C(plugin_utils/template_cache.py)); the play's variables and
+        its roles' defaults and variables when the play starts.
+    type: bool
+    default: true
+    env:
+      - name: TRAINYARD_COMPILED_TEMPLATES
+    ini:
+      - section: callback_warm_workers
+        key: compiled_templates
   freeze_heap:
     description:
       - Move every object ansible-playbook holds into Python's permanent generation before each task's workers are
@@ -74,7 +87,7 @@ from ansible import context
 from ansible.plugins.loader import action_loader, connection_loader, filter_loader, shell_loader, test_loader
 from ansible.utils.display import Display
 
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases, module_cache
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, module_cache, template_cache
 
 display = Display()
 
@@ -108,10 +121,14 @@ def payload_fingerprint() -> str:
 class CallbackModule(bases.AlwaysLoadedCallback):
     CALLBACK_NAME = "warm_workers"
     _fingerprint = None
+    _templates = False
+    _roles_seen: set = set()
 
     def v2_playbook_on_start(self, playbook):
         if not self.get_option("enabled"):
             return
+        self._roles_seen = set()
+        self._templates = bool(self.get_option("compiled_templates")) and template_cache.install()
         try:
             warm()
         except Exception as e:  # loading is an optimisation: a worker loads what is missing, and says why it failed
@@ -129,10 +146,37 @@ class CallbackModule(bases.AlwaysLoadedCallback):
                 display.vvv("warm_workers: module payloads: %s: %s" % (type(e).__name__, e))
 
     def v2_playbook_on_task_start(self, task, is_conditional):
+        self._compile(task)
         self._freeze()
 
     def v2_playbook_on_handler_task_start(self, task):
+        self._compile(task)
         self._freeze()
+
+    def v2_playbook_on_play_start(self, play):
+        """The play's variables and every role's defaults and variables (the lazy role variables a task reads are
+        templated in its workers)."""
+        if not self._templates:
+            return
+        values = [play.vars]
+        for role in play.get_roles():
+            if id(role) not in self._roles_seen:
+                self._roles_seen.add(id(role))
+                values += [role.get_default_vars(), role.get_vars(include_params=True)]
+        self._prewarm(values, "play %s" % play.get_name())
+
+    def _compile(self, task):
+        """The task's arguments and variables compiled here, before its workers fork."""
+        if self._templates:
+            self._prewarm([task.args, task.vars], task.get_name())
+
+    def _prewarm(self, values, what):
+        try:
+            n = template_cache.prewarm(values)
+            if n:
+                display.vvvv("warm_workers: %d template(s) compiled for %s" % (n, what))
+        except Exception as e:  # compiling ahead is an optimisation: the workers compile what is missing
+            display.vvv("warm_workers: templates: %s: %s" % (type(e).__name__, e))
 
     def _freeze(self):
         if self.get_option("enabled") and self.get_option("freeze_heap"):
@@ -140,6 +184,8 @@ class CallbackModule(bases.AlwaysLoadedCallback):
             gc.freeze()
 
     def v2_playbook_on_stats(self, stats):
+        if self._templates:
+            display.vvv("warm_workers: compiled templates: %s" % template_cache.stats())
         if not (self.get_option("enabled") and self.get_option("module_cache")) or not self._fingerprint:
             return
         try:

@@ -26,8 +26,13 @@ with open(os.environ["PROBE_LOG"], "a") as f:
 def probe(value):
     # where the filter runs (a worker): how many objects sit in Python's permanent generation
     import gc
+    from ansible_collections.trainyard.core.plugins.plugin_utils import template_cache
     with open(os.environ["PROBE_LOG"] + ".frozen", "a") as f:
         f.write("%d %d\\n" % (os.getpid(), gc.get_freeze_count()))
+    # and whether this task's template was compiled before the worker was forked
+    compiled = sorted(k[0] for k in template_cache._cache if "probe_import" in k[0])
+    with open(os.environ["PROBE_LOG"] + ".compiled", "a") as f:
+        f.write("%d %s\\n" % (os.getpid(), "|".join(compiled)))
     return value
 
 
@@ -83,3 +88,25 @@ def test_freeze_heap_off_leaves_the_heap_to_the_collector(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     seen = frozen_in_workers(tmp_path)
     assert len(seen) == 6 and all(n == 0 for _pid, n in seen), seen
+
+
+def compiled_in_workers(tmp_path) -> list[str]:
+    return [line.split(" ", 1)[1] if " " in line else "" for line in
+            (tmp_path / "imports.log.compiled").read_text().splitlines()]
+
+
+def test_workers_inherit_the_tasks_templates_compiled(tmp_path):
+    # The workers of the last task find every task's template compiled: ansible-playbook compiled each before it
+    # forked that task's workers (a worker's own compiling would leave only its task's template in its copy).
+    done, _pids, _main_pid = run_playbook(tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:]
+    seen = compiled_in_workers(tmp_path)
+    assert len(seen) == 6, seen
+    every = "|".join("{{ '%s' | probe_import }}" % letter for letter in "abc")
+    assert seen[-2:] == [every, every], seen
+
+
+def test_compiled_templates_off_leaves_compiling_to_each_worker(tmp_path):
+    done, _pids, _main_pid = run_playbook(tmp_path, TRAINYARD_COMPILED_TEMPLATES="false")
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert compiled_in_workers(tmp_path) == [""] * 6
