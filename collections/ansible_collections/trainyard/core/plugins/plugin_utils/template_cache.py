@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import typing as t
 
-# At most this many templates: a run renders a few thousand distinct strings; past the limit, new ones compile as
-# Ansible does.
-MAX_ENTRIES = 50000
+# At most this many templates (a converged site.yml keeps about 500 in ansible-playbook); past the limit, new ones
+# compile as Ansible does.
+MAX_ENTRIES = 20000
 # How deep prewarm() walks nested variables.
 MAX_DEPTH = 12
 
