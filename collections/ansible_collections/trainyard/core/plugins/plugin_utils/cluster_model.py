@@ -419,9 +419,10 @@ def compute_models(hosts: list[str], hostvars: Mapping[str, Mapping], defaults: 
     master = effective("cluster_master_addr", hv_head, defaults) or data_address(head, hv_head)
     port = int(effective("cluster_rendezvous_port", hv_head, defaults) or 39500)
     nnodes = len(by_rank)
+    rank_of = {h: i for i, h in enumerate(by_rank)}
     return {
         h: {
-            "node_rank": by_rank.index(h),
+            "node_rank": rank_of[h],
             "nnodes": nnodes,
             "nproc_per_node": nproc,
             "world_size": nnodes * nproc,
