@@ -48,10 +48,10 @@ options:
         key: module_cache
   compiled_templates:
     description:
-      - Keep every Jinja template compiled for the whole run, and compile the templates of each task (its arguments,
-        its variables, its role's defaults and variables) before its workers are forked, so that the workers inherit
-        them instead of each compiling them again (C(plugin_utils/template_cache.py)); the play's variables and
-        its roles' defaults and variables when the play starts.
+      - Keep every Jinja template compiled for the whole run (C(plugin_utils/template_cache.py)), and compile in
+        ansible-playbook's own process the templates the workers will render (the play's variables and its roles'
+        defaults and variables when the play starts, each task's arguments and variables before its workers are
+        forked). The workers inherit them compiled instead of each compiling them again.
     type: bool
     default: true
     env:
