@@ -62,10 +62,11 @@ options:
   freeze_heap:
     description:
       - Move every object ansible-playbook holds into Python's permanent generation before each task's workers are
-        forked (C(gc.freeze())), after collecting the young generations. The cyclic collector then no longer walks
-        the inventory, the variables and the loaded plugins, in ansible-playbook or in the workers, and a worker's
-        collector does not write to (and so copy) the pages it shares with its parent.
-      - Cyclic garbage that survived into the oldest generation is kept until the run ends; reference counting
+        forked (C(gc.freeze())), after a full collection, which walks only what was created since the last freeze.
+        The cyclic collector then no longer walks the inventory, the variables and the loaded plugins, in
+        ansible-playbook or in the workers, and a worker's collector does not write to (and so copy) the pages it
+        shares with its parent.
+      - Objects that become cyclic garbage after they were frozen are kept until the run ends; reference counting
         still frees everything else.
     type: bool
     default: true
@@ -180,7 +181,7 @@ class CallbackModule(bases.AlwaysLoadedCallback):
 
     def _freeze(self):
         if self.get_option("enabled") and self.get_option("freeze_heap"):
-            gc.collect(1)
+            gc.collect()
             gc.freeze()
 
     def v2_playbook_on_stats(self, stats):
