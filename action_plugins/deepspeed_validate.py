@@ -36,7 +36,20 @@ options:
   consistent:
     description: "C({written, majority, path}): this node's job_files answer for ds_config.json, the nodes' majority
       sha256 and the file's path; records C(deepspeed_config.consistent) (pending in check mode while the write would
-      change the file)."
+      change the file). With I(write), C(written) is the write's own answer and may be left out."
+    type: dict
+  records:
+    description: "With I(write): this node's records of the validation (the run-once call's C(records) for the host),
+      recorded before the write; when the write refuses or fails they come back as C(preflight_records) for a rescue
+      to record."
+    type: list
+    elements: dict
+    default: []
+  write:
+    description: "C(job_files)' arguments for ds_config.json (C(refuse), C(directories), C(files), C(read),
+      C(return_content)): the module runs on the node in this task, and its answer is the task's result, with the
+      records; with I(consistent), this node's file is then compared with the
+      majority in the same task. One task per node for the records, the write and the comparison."
     type: dict
   allow_unknown_keys:
     description: Top-level keys to accept although DeepSpeedConfig does not read them (another consumer reads them).
@@ -89,6 +102,16 @@ records:
   description: "With I(hosts): C({host: [...]}), each node's C(deepspeed_config.lora_gather) and C(deepspeed_config.valid)."
   returned: with I(hosts)
   type: dict
+write:
+  description: "With I(write), when the write failed: the answer of C(job_files). When it succeeded, that answer's keys
+    (C(files), C(directories), C(read), C(diff), ...) are the task's own, as if C(job_files) had run alone."
+  returned: with I(write), when the write failed
+  type: dict
+preflight_records:
+  description: "With I(write): the records this task recorded (when the write failed, those it could not record: the
+    rescue records them)."
+  returned: with I(write)
+  type: list
 """
 
 import copy
@@ -269,6 +292,8 @@ def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer")
 
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        if args.get("write") is not None:
+            return self.write(args, task_vars)
         if args.get("consistent") is not None:
             c = bases.need_dict(args["consistent"], "deepspeed_validate: 'consistent'")
             return self.record(task_vars, render_checks.deepspeed_consistent_record(
@@ -309,3 +334,26 @@ class ActionModule(bases.ControllerAction):
             return validate_hosts(bases.str_list(args["hosts"]), list(args.get("builts") or []), run,
                                   bool(args.get("validate", True)), filler)
         return run(bases.need_dict(args.get("config"), "deepspeed_validate: 'config'"))
+
+    def write(self, args, task_vars):
+        """The validation's records, the write of ds_config.json by job_files on the node (it refuses what the records
+        failed: nothing is written then) and, with 'consistent', the file against the majority, in one task. A failed
+        task sets no fact: the records come back as preflight_records for the rescue to record."""
+        records = list(args.get("records") or [])
+        if not all(isinstance(r, dict) for r in records):
+            raise AnsibleActionFail("deepspeed_validate: 'records' must be a list of records (the run-once call's "
+                                    "records[inventory_hostname])")
+        module_args = bases.need_dict(args["write"], "deepspeed_validate: 'write'", " (job_files' arguments)")
+        written = self._execute_module(module_name="job_files", module_args=module_args, task_vars=task_vars)
+        written.pop("invocation", None)
+        if written.get("failed"):
+            return dict(failed=True, msg=written.get("msg", "job_files failed"), write=written,
+                        preflight_records=records)
+        consistent = args.get("consistent")
+        if consistent is not None:
+            c = bases.need_dict(consistent, "deepspeed_validate: 'consistent'")
+            records.append(render_checks.deepspeed_consistent_record(
+                written, str(c.get("majority") or ""), str(c.get("path") or ""), write_task=self._task.get_name()))
+        out = self.record(task_vars, *records)
+        out.update({k: v for k, v in written.items() if k != "ansible_facts"}, changed=bool(written.get("changed")))
+        return out

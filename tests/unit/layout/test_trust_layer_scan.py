@@ -38,6 +38,8 @@ NOT_JOB_TREE = {
     PU + "ds_config.py": "controller: builds a DeepSpeed config from variables",
     PU + "nccl_vars.py": "controller: builds environment variables",
     PU + "host_basics.py": "controller: builds checks from variables",
+    PU + "janitor_checks.py": "controller: builds a record from the janitor's dry-run answer",
+    "action_plugins/janitor_check.py": "controller: hands job_files and the dry run their arguments, records the answer",
     PU + "cluster_model.py": "controller: reads the inventory's cluster spec",
     "roles/container/files/container_health.py": "runs inside the training container: the job's own side",
     "roles/recover/files/recover_ckpt.py": "runs with the job's Python inside the training container (the job's own "

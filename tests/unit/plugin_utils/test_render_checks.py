@@ -98,7 +98,7 @@ def test_deepspeed_consistent_record_pass_fail_missing_and_skip():
     skip = rc.deepspeed_consistent_record({}, "", "/x/ds_config.json")
     assert (skip["status"], skip["detail"]) == ("skip", "/x/ds_config.json not written yet on any node")
     assert rc.deepspeed_consistent_record(dict(written, changed=True), digest, "p")["pending_on"] == {
-        "deepspeed_config : Write ds_config.json": {"changed": True}}
+        rc.DEEPSPEED_WRITE_TASK: {"changed": True}}
 
 
 def test_deepspeed_write_refuses_lora_without_gather_a_differing_config_and_a_rejected_one():

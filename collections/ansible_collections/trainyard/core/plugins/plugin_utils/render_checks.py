@@ -217,7 +217,11 @@ def nccl_env_records(nodes, rank_order=(), iface_uniform=True,
 
 
 # ---------------------------------------------------------------- deepspeed_config: this node's file and the majority
-def deepspeed_consistent_record(written, majority, path, write_task="deepspeed_config : Write ds_config.json"):
+DEEPSPEED_WRITE_TASK = ("deepspeed_config : Record the DeepSpeed validation, write ds_config.json and record whether it "
+                        "matches the others")
+
+
+def deepspeed_consistent_record(written, majority, path, write_task=DEEPSPEED_WRITE_TASK):
     """deepspeed_config.consistent: this node's ds_config.json (its job_files answer: written, or read back) against
     the majority's sha256 (empty: no node has the file yet)."""
     text = written_text(written or {})
