@@ -341,6 +341,11 @@ def run_as_plugin(hostvars: dict) -> list[str]:
      "train_args_profile llamafactory lacks its inputs (train_args_model_name_or_path ''"),
     ({"train_args_profile": "llamafactory", "train_args_model_name_or_path": "/m", "train_args_dataset": "d",
       "train_args_finetuning_type": "qlora"}, "train_args_finetuning_type 'qlora'"),
+    ({"nccl_check_expect_warn_fraction": 0.9}, "nccl_check_expect_warn_fraction (0.9) is not above 0 and at most "
+                                                "nccl_check_expect_pass_fraction (0.8)"),
+    ({"nccl_check_expect_warn_fraction": 0}, "nccl_check_expect_warn_fraction (0) is not above 0"),
+    ({"nccl_check_expect_warn_fraction": 0.6, "nccl_check_expect_pass_fraction": 0.5},
+     "nccl_check_expect_warn_fraction (0.6) is not above 0 and at most nccl_check_expect_pass_fraction (0.5)"),
     ({"janitor_interval": 0}, "janitor_interval is not above 0"),
     ({"janitor_min_size": -1}, "janitor_min_size is below 0"),
     ({"janitor_completion": "always"}, "janitor_completion is not one of marker, marker_or_superseded"),
@@ -389,6 +394,8 @@ def test_role_rules_stop_on_the_controller(variables, expect):
      "train_args_extra": ["max_steps=100", "a.b=1"]},
     {"train_args_entrypoint": " /srv/code/train.py"},
     {"janitor_enabled": False, "janitor_interval": 0},
+    {"nccl_check_expect_warn_fraction": 0.8, "nccl_check_expect_pass_fraction": 0.8},
+    {"nccl_check_enabled": False, "nccl_check_expect_warn_fraction": 0.9},      # the role checks nothing when off
     {"janitor_completion": "marker_or_superseded", "janitor_user": "ckpt_janitor"},
     {"launch_sidecars_extra": [{"name": "mon", "argv": ["/usr/bin/true"]}]},
     {"container_image": "registry.example.com/team/train@sha256:" + "a" * 64, "container_shm_size": "512m",

@@ -758,6 +758,14 @@ def check_role_rules(h: str, t: Mapping, specs: Mapping[str, Mapping]) -> list[P
                 stop(f"{var} holds a control character", f"give {var} (or the cluster_* path it defaults to) as a "
                      "plain absolute path", var, path, True)
 
+    # nccl_check (was tasks/enabled.yml's assert; the role checks nothing of it when it is off)
+    if v("nccl_check_enabled") is not False:
+        warn, good = v("nccl_check_expect_warn_fraction"), v("nccl_check_expect_pass_fraction")
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (warn, good)) and not 0 < warn <= good:
+            stop(f"nccl_check_expect_warn_fraction ({warn}) is not above 0 and at most nccl_check_expect_pass_fraction "
+                 f"({good})", "a pass needs the larger fraction of the expected bandwidth (defaults 0.8 and 0.5, "
+                 "docs/bandwidth.md)", "nccl_check_expect_warn_fraction", warn, True)
+
     # container (was tasks/assert.yml; the role checks nothing of it when it is off)
     if v("container_enabled") is not False:
         problems.extend(_container_rules(h, t, v))
