@@ -103,14 +103,6 @@ class ActionModule(bases.ControllerAction):
         return out
 
     def _dry_run(self, argv, task_vars):
-        """The command module's answer for argv; it only reads, so it runs in check mode as well (the task's check
-        mode would make the command module skip it)."""
-        check_mode = self._task.check_mode
-        self._task.check_mode = False
-        try:
-            run = self._execute_module(module_name="ansible.legacy.command",
-                                       module_args={"argv": argv, "expand_argument_vars": False}, task_vars=task_vars)
-        finally:
-            self._task.check_mode = check_mode
-        run.pop("invocation", None)
-        return run
+        """The command module's answer for argv; the dry run only reads, so it runs in check mode as well."""
+        return self.run_reading_module("ansible.legacy.command", {"argv": argv, "expand_argument_vars": False},
+                                       task_vars)

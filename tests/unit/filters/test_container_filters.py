@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks as cc
 from helpers import load
 
 cf = load("filter_plugins/container_filters.py", "container_filters")
@@ -221,7 +222,7 @@ def test_health_records_from_probe_output():
            "logger": {"ok": False, "detail": "import tensorboard failed: ModuleNotFoundError"},
            "python": {"ok": True, "detail": "3.11"}, "torch": {"ok": True, "detail": "2.13"},
            "ulimits": {"ok": True, "detail": "memlock=unlimited"}, "shm": {"status": "warn", "detail": "small"}}
-    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": "noise\n" + json.dumps(out)}, PARAMS)}
+    recs = {r["check"]: r for r in cc.health_records({"rc": 0, "stdout": "noise\n" + json.dumps(out)}, PARAMS)}
     assert recs["container.health.output_writable"]["status"] == "fail"
     assert "/srv/outputs" in recs["container.health.output_writable"]["fix"]
     assert recs["container.health.logger"]["status"] == "fail"
@@ -232,13 +233,13 @@ def test_health_records_from_probe_output():
 
 
 def test_health_records_when_probe_cannot_run():
-    recs = cf.health_records({"rc": 127, "stdout": "", "stderr": "exec: \"python3\": executable file not found"},
+    recs = cc.health_records({"rc": 127, "stdout": "", "stderr": "exec: \"python3\": executable file not found"},
                              PARAMS)
     by = {r["check"]: r for r in recs}
     assert by["container.health.python"]["status"] == "fail"
     assert "executable file not found" in by["container.health.python"]["detail"]
     assert all(r["status"] == "skip" for c, r in by.items() if c != "container.health.python")
-    skipped = cf.health_records({"skipped": True, "skip_reason": "trainyard-train is not running"}, PARAMS)
+    skipped = cc.health_records({"skipped": True, "skip_reason": "trainyard-train is not running"}, PARAMS)
     assert len(skipped) == 10 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
 
 
@@ -299,28 +300,28 @@ def test_gpu_device_nodes_leave_out_caps_and_unknown_nodes():
 
 def test_gpu_visible_verdict():
     want = ["GPU-aaaa", "GPU-bbbb"]
-    assert cf.gpu_visible_verdict({"uuids": ["GPU-bbbb", "GPU-aaaa"]}, want, "devices")["status"] == "pass"
-    short = cf.gpu_visible_verdict({"uuids": ["GPU-aaaa"]}, want, "devices")
+    assert cc.gpu_visible_verdict({"uuids": ["GPU-bbbb", "GPU-aaaa"]}, want, "devices")["status"] == "pass"
+    short = cc.gpu_visible_verdict({"uuids": ["GPU-aaaa"]}, want, "devices")
     assert short["status"] == "fail" and "1 of 2" in short["detail"] and "missing GPU-bbbb" in short["detail"]
-    alien = cf.gpu_visible_verdict({"uuids": ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]}, want, "runtime")
+    alien = cc.gpu_visible_verdict({"uuids": ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]}, want, "runtime")
     assert alien["status"] == "fail" and "not on the node GPU-cccc" in alien["detail"]
-    err = cf.gpu_visible_verdict({"error": "nvidia-smi exited 9: NVIDIA-SMI has failed"}, want, "devices")
+    err = cc.gpu_visible_verdict({"error": "nvidia-smi exited 9: NVIDIA-SMI has failed"}, want, "devices")
     assert err["status"] == "fail" and "NVIDIA-SMI has failed" in err["detail"]
-    assert cf.gpu_visible_verdict({"uuids": []}, [], "devices")["status"] == "skip"
+    assert cc.gpu_visible_verdict({"uuids": []}, [], "devices")["status"] == "skip"
 
 
 def test_health_records_gpu_visible_from_the_probe():
     base = {"python": {"ok": True, "detail": "3.12"}}
     params = dict(PARAMS, gpu_uuids=["GPU-aaaa"], gpu_mode="devices")
-    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+    recs = {r["check"]: r for r in cc.health_records({"rc": 0, "stdout": json.dumps(
         dict(base, gpu_visible={"uuids": ["GPU-aaaa"]}))}, params)}
     assert recs["container.health.gpu_visible"]["status"] == "pass"
-    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+    recs = {r["check"]: r for r in cc.health_records({"rc": 0, "stdout": json.dumps(
         dict(base, gpu_visible={"uuids": []}))}, params)}
     assert recs["container.health.gpu_visible"]["status"] == "fail"
     assert "container_gpu_mode" in recs["container.health.gpu_visible"]["fix"]
     # no GPU on the node (the CPU simulation): the probe skips with the reason, never passes
-    recs = {r["check"]: r for r in cf.health_records({"rc": 0, "stdout": json.dumps(
+    recs = {r["check"]: r for r in cc.health_records({"rc": 0, "stdout": json.dumps(
         dict(base, gpu_visible={"status": "skip", "detail": "no GPU on this node"}))}, params)}
     assert recs["container.health.gpu_visible"] == {"check": "container.health.gpu_visible", "status": "skip",
                                                     "detail": "no GPU on this node", "fix": ""}

@@ -39,6 +39,8 @@ NOT_JOB_TREE = {
     PU + "nccl_vars.py": "controller: builds environment variables",
     PU + "host_basics.py": "controller: builds checks from variables",
     PU + "janitor_checks.py": "controller: builds a record from the janitor's dry-run answer",
+    PU + "container_checks.py": "controller: builds records from the engine's and the health probe's answers",
+    "action_plugins/container_health.py": "controller: hands docker_container_exec its arguments, records the answer",
     "action_plugins/janitor_check.py": "controller: hands job_files and the dry run their arguments, records the answer",
     PU + "cluster_model.py": "controller: reads the inventory's cluster spec",
     "roles/container/files/container_health.py": "runs inside the training container: the job's own side",

@@ -32,6 +32,18 @@ class ControllerAction(ActionBase):
             return default
         return self._templar.template(task_vars[name])
 
+    def run_reading_module(self, name, module_args, task_vars):
+        """The answer (without its invocation) of a module that only reads, run in check mode as well, as a task with
+        check_mode: false runs it (the task's check mode would make a module such as command skip)."""
+        check_mode = self._task.check_mode
+        self._task.check_mode = False
+        try:
+            answer = self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
+        finally:
+            self._task.check_mode = check_mode
+        answer.pop("invocation", None)
+        return answer
+
     def record(self, task_vars, *records):
         """preflight_check's result recording `records` for this host: an action records its checks itself."""
         from ansible.plugins.loader import action_loader

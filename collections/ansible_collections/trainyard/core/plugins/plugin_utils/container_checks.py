@@ -186,3 +186,109 @@ def registry_reach_record(manifest, image, registry):
                 "(container_registry_username, container_registry_password)"),
         "data": {"registry_digest": digest},
     }
+
+
+def gpu_visible_verdict(seen: dict | None, expected_uuids: list, mode: str) -> dict:
+    """The GPUs nvidia-smi lists inside the container against the node's nvidia_gpu_facts.
+
+    seen: the probe's {uuids: [...], error: str}; expected_uuids: every GPU of the node. Returns {status, detail}.
+    """
+    want = sorted(u for u in (expected_uuids or []) if u)
+    if seen is None:
+        return {"status": "skip", "detail": "not reported by the probe"}
+    if seen.get("error"):
+        return {"status": "fail", "detail": f"nvidia-smi in the container ({mode}): {seen['error']}"}
+    got = sorted(seen.get("uuids") or [])
+    missing = [u for u in want if u not in got]
+    extra = [u for u in got if u not in want]
+    if not want:
+        return {"status": "skip", "detail": "nvidia_gpu_facts lists no GPU on this node"}
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if extra:
+            parts.append(f"not on the node {', '.join(extra)}")
+        return {"status": "fail", "detail": f"the container ({mode}) sees {len(got)} of {len(want)} GPU(s): "
+                                            + "; ".join(parts)}
+    return {"status": "pass", "detail": f"the container ({mode}) sees all {len(want)} GPU(s) of the node, "
+                                        f"same UUIDs ({', '.join(u[:12] for u in want)})"}
+
+
+_HEALTH_FIX = {
+    "code_dir": "Create the code directory on the node ({path}) and put the training code there, "
+                "or set cluster_code_dir / container_mounts",
+    "output_writable": "The output root {path} is not writable inside the container: check the node's disk "
+                       "(mount -o remount,rw, df -h, dmesg for I/O errors), that container_mounts does not "
+                       "mount it read-only, and that the uid:gid of container_user may write it (the role gives "
+                       "it a root-owned directory only; chown that uid:gid {path} for another owner's)",
+    "shared_readable": "The job's user cannot read the shared root {path} or a file of the job's inputs (the files "
+                       "named above): mount the shared filesystem on the node (findmnt {path}) and make its files "
+                       "readable by the uid of container_user (chmod -R a+rX on the node; safetensors' save_file "
+                       "writes 0600 files), or set container_user to a uid that may read them",
+    "home": "The job's HOME is not writable by its user: set container_home to a path the uid of container_user can "
+            "create (the default /tmp/trainyard-home), or HOME in container_env",
+    "logger": "The training code logs through {module}, which the image cannot import: add it to the image "
+              "(pip install {module}), or set container_logger_module to the logger the code uses",
+    "python": "The image has no working {python}: use an image with Python, or set container_python",
+    "torch": "torch does not import in the image: install torch in the image (matching the node's CUDA driver)",
+    "ulimits": "The engine could not give the container these limits: raise them for dockerd "
+               "(LimitMEMLOCK=infinity / LimitSTACK in docker.service) and recreate the container",
+    "gpu_visible": "The container does not see every GPU of the node: with container_gpu_mode devices check that "
+                   "every /dev/nvidia* node and the driver's libraries are given (container.gpus lists them); with "
+                   "runtime, the NVIDIA runtime's configuration (nvidia-ctk runtime configure); then rerun site.yml",
+    "shm": "/dev/shm is the node's (ipc_mode host): enlarge it on the node (mount -o remount,size={want} "
+           "/dev/shm, or in /etc/fstab), or lower container_shm_size",
+}
+
+
+def health_records(exec_result: dict | None, params: dict) -> list:
+    """docker_container_exec result of files/container_health.py -> preflight_check records.
+
+    params: {code_dir, output_root, shared_root, logger_module, python, shm_size, ulimits, container}
+    Each record: {check, status, detail, fix}.
+    """
+    import json
+
+    names = ["code_dir", "output_writable", "shared_readable", "home", "logger", "python", "torch", "ulimits", "shm",
+             "gpu_visible"]
+    fmt = {"path": "", "module": params.get("logger_module", ""), "python": params.get("python", "python3"),
+           "want": params.get("shm_size", "")}
+    paths = {"code_dir": params.get("code_dir"), "output_writable": params.get("output_root"),
+             "shared_readable": params.get("shared_root")}
+
+    def rec(name, status, detail, fix=""):
+        return {"check": f"container.health.{name}", "status": status, "detail": detail, "fix": fix}
+
+    if not exec_result or exec_result.get("skipped"):
+        reason = (exec_result or {}).get("skip_reason") or "the container is not running"
+        return [rec(n, "skip", f"not checked: {reason}") for n in names]
+    data = None
+    for line in reversed((exec_result.get("stdout") or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if data is None:
+        err = (exec_result.get("stderr") or exec_result.get("msg") or "").strip().splitlines()
+        why = err[-1] if err else f"exit code {exec_result.get('rc', '?')}"
+        records = [rec("python", "fail", f"{fmt['python']} did not run in {params.get('container', 'the container')}"
+                       f": {why}", _HEALTH_FIX["python"].format(**fmt))]
+        records += [rec(n, "skip", "not checked: the health probe could not run") for n in names if n != "python"]
+        return records
+    out = []
+    for name in names:
+        r = data.get(name)
+        if r is None:
+            out.append(rec(name, "skip", "not reported by the probe"))
+            continue
+        f = dict(fmt, path=paths.get(name) or "")
+        if name == "gpu_visible" and "status" not in r:
+            r = gpu_visible_verdict(r, params.get("gpu_uuids") or [], params.get("gpu_mode") or "runtime")
+        status = r.get("status") or ("pass" if r.get("ok") else "fail")
+        out.append(rec(name, status, r.get("detail", ""),
+                       "" if status in ("pass", "skip") else _HEALTH_FIX[name].format(**f)))
+    return out
