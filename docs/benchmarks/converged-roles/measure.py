@@ -35,9 +35,13 @@ RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s
 CHECKS = re.compile(r'"node\s+rank\s+([^"]+)"')
 
 
+LIGHT = False  # --light: the light harness's run (light nodes, --skip-tags launch, no long job)
+
+
 def run(tree: Path, cluster: str, log: Path) -> dict:
     meta = json.loads((REPO / ".sim" / cluster / "cluster.json").read_text())
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(REPO / meta["inventory"]), "site.yml", "-e", LONG_JOB]
+    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(REPO / meta["inventory"]), "site.yml",
+            *(["--skip-tags", "launch"] if LIGHT else ["-e", LONG_JOB])]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_CONFIG=str(tree / "ansible.cfg"))
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -67,7 +71,11 @@ def main() -> int:
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", type=Path, default=HERE, help="where the logs and summaries go (default: beside this file)")
     ap.add_argument("--no-converge", action="store_true", help="the clusters are converged by these trees already")
+    ap.add_argument("--light", action="store_true",
+                    help="light nodes (simcluster.py up --kind light): site.yml --skip-tags launch, as the scale bench")
     a = ap.parse_args()
+    global LIGHT
+    LIGHT = a.light
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
     if not a.no_converge:
         for cluster in a.cluster:
