@@ -172,10 +172,12 @@ class CallbackModule(bases.AlwaysLoadedCallback):
         return bool(context.CLIARGS.get("check"))
 
     def v2_runner_on_ok(self, result):
+        # The task first: a run outside check mode never reads a result (result.result converts the whole result
+        # to plain types, per host and task, in ansible-playbook's own process).
         task = result.task
-        res = result.result
         if self._vm is None or not self._task_in_check_mode(task):
             return
+        res = result.result
         if not res.get("changed") and not (kind_of(task.action) == "job" and isinstance(res.get("plan"), Mapping)):
             return
         host = result.host.get_name()
@@ -205,9 +207,10 @@ class CallbackModule(bases.AlwaysLoadedCallback):
     def v2_runner_on_failed(self, result, ignore_errors=False):
         """A launch that would stop the run (the job runs with another command) is part of the plan too."""
         task = result.task
+        if self._vm is None or not self._task_in_check_mode(task) or kind_of(task.action) != "job":
+            return
         res = result.result
-        if self._vm is None or not self._task_in_check_mode(task) or kind_of(task.action) != "job" \
-                or not isinstance(res.get("plan"), Mapping):
+        if not isinstance(res.get("plan"), Mapping):
             return
         self._add(result.host.get_name(), [{
             "task": task.get_name(), "kind": "job", "action": _short(task.action), "summary": res["plan"].get("summary", ""),

@@ -187,3 +187,37 @@ def test_launch_check_mode_says_start_or_relaunch_and_the_checkpoint(tmp_path):
     r = adhoc("torchrun_launch", args, "--check")
     assert r["plan"]["action"] == "relaunch", r
     assert "the command fingerprint changed" in r["plan"]["reason"]
+
+
+class _Unread:
+    """A task result whose result must not be read: reading it converts the whole result in ansible-playbook's own
+    process, per host and task."""
+
+    def __init__(self, action, check_mode):
+        self.task = type("T", (), {"action": action, "check_mode": check_mode, "no_log": False,
+                                   "get_name": lambda self: action})()
+        self.host = type("H", (), {"get_name": lambda self: "node1"})()
+
+    @property
+    def result(self):
+        raise AssertionError("result read for %s" % self.task.action)
+
+
+def test_callbacks_read_no_result_of_a_task_they_do_not_concern():
+    lock = load("callback_plugins/cluster_lock.py", "cluster_lock_unread_test")
+    lock_cb = lock.CallbackModule()
+    for action in ("ansible.builtin.debug", "preflight_check", "trainyard.core.job_files"):
+        lock_cb.v2_runner_on_ok(_Unread(action, False))
+    plan_cb = cb.CallbackModule()
+    plan_cb._vm = object()  # a play started
+    for action in ("torchrun_launch", "ansible.builtin.copy"):
+        plan_cb.v2_runner_on_ok(_Unread(action, False))  # outside check mode
+        plan_cb.v2_runner_on_failed(_Unread(action, False))
+    plan_cb.v2_runner_on_failed(_Unread("ansible.builtin.copy", True))  # not a launch
+    # The guard's own result is read (the lock's heartbeat depends on it).
+    try:
+        lock_cb.v2_runner_on_ok(_Unread("cluster_lock_guard", False))
+    except AssertionError as exc:
+        assert "cluster_lock_guard" in str(exc)
+    else:
+        raise AssertionError("the guard's result was not read")
