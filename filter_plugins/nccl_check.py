@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect, gpu_stress_checks
-from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, inter_node_record,
+from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, busy_nodes,
+                                                                                      inter_node_record,
                                                                                       intra_node_record, sweep_sizes)
 
 PREFIX = "trainyard-allreduce: "
@@ -83,6 +84,7 @@ class FilterModule:
                 "trainyard_allreduce_bisect_rounds": allreduce_bisect.max_rounds,
                 "trainyard_allreduce_bisect_record": bisect_record,
                 "trainyard_allreduce_sweep": sweep_sizes,
+                "trainyard_busy_nodes": busy_nodes,
                 "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
                 "trainyard_gpu_stress_records": gpu_stress_checks.records_of,
                 "trainyard_gpu_stress_env": gpu_stress_checks.env_args,

@@ -14,11 +14,17 @@ network role on) is grown to N nodes the way the product would record them at th
     from it fail), one node is unreachable (no records: host.reachable, and every path to it fails), one worker's
     rendezvous connect is refused, one node runs another driver (drift).
 
+With --training, the usual converged re-run instead: the job trains on every node, so nccl_check does not measure
+and each node's nccl_check.inter_node and nccl_check.intra_node are the skips the role records then (where the job
+trains named by the role's filter, plugin_utils/allreduce_checks.py busy_nodes). --busy-names every names every node
+in them, as the role did before busy_nodes: what that cost at each size.
+
 The report is built by cluster_report.build_report (the report play's filter), report.json written as the play does
 (to_nice_json(indent=1)), the page by health_page.render; each size is then opened in headless Chromium (DOM dump:
 the page's script ran; and a screenshot).
 
     .venv/bin/python tests/bench/health.py [--sizes 64,256,1024] [--repeats 3] [--out DIR] [--no-browser]
+        [--training [--busy-names bounded|every]]
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ sys.path.insert(0, str(REPO / "filter_plugins"))
 sys.path.insert(0, str(REPO / "collections"))
 import cluster_report  # noqa: E402
 import health_page  # noqa: E402
-from ansible_collections.trainyard.core.plugins.plugin_utils import netrecords  # noqa: E402
+from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_checks, netrecords  # noqa: E402
 
 SOURCE = REPO / "docs/gpu-acceptance/container-h100-merged/report-site.json"
 RAW = REPO / "docs/benchmarks-health.json"
@@ -125,6 +131,21 @@ def grow(source: dict, n: int) -> tuple[dict, dict, list[str], dict]:
     return results, models, hosts, faults
 
 
+def job_training(results: dict, hosts: list[str], busy_names: str = "bounded") -> None:
+    """The converged re-run while the job trains on every node: nccl_check's two records of each node become the skips
+    roles/nccl_check/tasks/enabled.yml records then (its detail's text; where the job trains by the role's filter, or
+    every node named with busy_names 'every', the record before the filter)."""
+    where = allreduce_checks.busy_nodes(hosts, hosts) if busy_names == "bounded" else ", ".join(hosts)
+    detail = (f"not measured: job train is training on {where} (an all-reduce now would compete with it for the GPUs "
+              "and the network)")
+    fix = ("Measure once the job has ended (playbooks/status.yml) or after reset.yml: ansible-playbook "
+           "playbooks/nccl_check.yml; or set nccl_check_while_running: true")
+    for recs in results.values():
+        for i, rec in enumerate(recs or []):
+            if rec["check"] in ("nccl_check.inter_node", "nccl_check.intra_node"):
+                recs[i] = dict(rec, status="skip", detail=detail, fix=fix, data={})
+
+
 def chromium(*args: str, timeout: int = 120) -> tuple[subprocess.CompletedProcess, float]:
     """Headless Chromium on a page: (its result, seconds); a run past ``timeout`` counts as failed (rc 124)."""
     binary = shutil.which("chromium") or "/usr/bin/chromium"
@@ -139,9 +160,12 @@ def chromium(*args: str, timeout: int = 120) -> tuple[subprocess.CompletedProces
         return r, time.monotonic() - t0
 
 
-def measure(n: int, repeats: int, out: Path, browser: bool) -> dict:
+def measure(n: int, repeats: int, out: Path, browser: bool, training: bool = False,
+            busy_names: str = "bounded") -> dict:
     source = json.loads(SOURCE.read_text())
     results, models, hosts, faults = grow(source, n)
+    if training:
+        job_training(results, hosts, busy_names)
     t0 = time.monotonic()
     report = cluster_report.build_report(results, hosts, models, source["run_id"], str(out),
                                          generated=source["generated"])
@@ -157,7 +181,8 @@ def measure(n: int, repeats: int, out: Path, browser: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / f"health-{n}.html"
     html_path.write_text(page, encoding="utf-8")
-    row = {"nodes": n, "records": len(report["records"]), "failures": len(report["failures"]),
+    row = {"nodes": n, **({"scenario": f"job training, busy names {busy_names}"} if training else {}),
+           "records": len(report["records"]), "failures": len(report["failures"]),
            "summary": report["summary"], "faults": faults, "build_s": round(build_s, 3),
            "render_s": round(statistics.median(walls), 3), "render_cpu_s": round(statistics.median(cpus), 3),
            "page_mb": round(len(page.encode()) / 1e6, 3), "report_json_mb": round(len(text.encode()) / 1e6, 3),
@@ -193,13 +218,14 @@ def section(results: dict) -> str:
             f"Command: `{results['command']}`\n\n" + table(results["rows"], COLUMNS))
 
 
-def bench_health(sizes: list[int], repeats: int, out: Path | None = None, browser: bool = True) -> list[dict]:
+def bench_health(sizes: list[int], repeats: int, out: Path | None = None, browser: bool = True,
+                 training: bool = False, busy_names: str = "bounded") -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         where = out or Path(tmp)
         for n in sizes:
             log(f"{n} nodes")
-            rows.append(measure(n, repeats, where, browser and bool(shutil.which("chromium"))))
+            rows.append(measure(n, repeats, where, browser and bool(shutil.which("chromium")), training, busy_names))
             log(json.dumps(rows[-1]))
     return rows
 
@@ -210,13 +236,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="keep the pages and screenshots here")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--training", action="store_true",
+                    help="the converged re-run while the job trains (nccl_check records that it waits)")
+    ap.add_argument("--busy-names", choices=["bounded", "every"], default="bounded",
+                    help="with --training: where the job trains as the role names it, or every node named")
     ap.add_argument("--write", action="store_true", help=f"write the raw output to {RAW.relative_to(REPO)}")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    results = {"command": f".venv/bin/python tests/bench/health.py --sizes {args.sizes} --repeats {args.repeats}",
+    extra = (" --training --busy-names " + args.busy_names) if args.training else ""
+    results = {"command": f".venv/bin/python tests/bench/health.py --sizes {args.sizes} --repeats {args.repeats}"
+                          f"{extra}{' --no-browser' if args.no_browser else ''}",
                "repeats": args.repeats,
-               "rows": bench_health(sizes, args.repeats, args.out, not args.no_browser)}
-    if args.write:
+               "rows": bench_health(sizes, args.repeats, args.out, not args.no_browser, args.training,
+                                    args.busy_names)}
+    if args.write and not args.training:
         RAW.write_text(json.dumps(results, indent=1) + "\n")
     print(section(results))
     return 0

@@ -157,3 +157,24 @@ def test_the_inter_node_record_gives_the_per_nic_rate():
     assert rec["status"] == "pass" and "300 GB/s = 89% of the 337.5 GB/s expected" in rec["detail"]
     assert rec["data"]["per_nic_gbps"] == 20.0
     assert "per NIC 20 GB/s over 8 NIC(s) per node (NCCL picks a tree" in rec["detail"]
+
+
+def test_where_the_job_trains_is_named_for_a_few_nodes_and_counted_past_eight():
+    f = flt.FilterModule().filters()
+    assert f["trainyard_busy_nodes"] is ac.busy_nodes
+    assert ac.busy_nodes(["n1", "n2"], ["n1", "n2"]) == "n1, n2"
+    assert ac.busy_nodes(["n1"], ["n1", "n2", "n3"]) == "1 of 3 nodes (n1)"
+    hosts = [f"gpu-node{i}" for i in range(1024)]
+    many = ac.busy_nodes(hosts, hosts)
+    assert many == "all 1024 nodes (" + ", ".join(hosts[:8]) + " and 1016 more)"
+    assert ac.busy_nodes(hosts[:10], hosts).startswith("10 of 1024 nodes (gpu-node0, ")
+
+
+def test_a_node_record_of_the_busy_skip_is_the_same_size_at_any_cluster_size():
+    """Each node's record names where the job trains: naming every node would make every node's record O(n) and
+    report.json O(n^2) in the usual converged re-run (the job trains on every node)."""
+    sizes = []
+    for n in (16, 256, 1024):
+        hosts = [f"gpu-node{i}" for i in range(n)]
+        sizes.append(len(ac.busy_nodes(hosts, hosts)))
+    assert max(sizes) - min(sizes) <= 6  # the digits of the count and of the "more" figure

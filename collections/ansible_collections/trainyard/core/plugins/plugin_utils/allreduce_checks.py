@@ -27,6 +27,23 @@ _INTRA_FIX_SLOW = ("Intra-node bandwidth is below what the hardware should do or
                    "(docs/bandwidth.md)")
 
 
+BUSY_NAMED = 8  # nodes named in a record that says where the job trains; the rest are counted
+
+
+def busy_nodes(busy_hosts, play_hosts=None, limit=BUSY_NAMED):
+    """Where the job trains, for a record's detail: at most ``limit`` nodes named, the rest counted, so that every
+    node's record stays the same size at any cluster size (each node's record would otherwise name every node: O(n)
+    a node, O(n^2) in report.json). 'node1, node2' / 'all 64 nodes (node1, ... node8 and 56 more)' /
+    '3 of 64 nodes (node1, node2, node3)'."""
+    busy = [str(h) for h in busy_hosts or []]
+    total = len(play_hosts) if play_hosts is not None else len(busy)
+    named = ", ".join(busy[:limit]) + (f" and {len(busy) - limit} more" if len(busy) > limit else "")
+    if len(busy) <= limit and (play_hosts is None or len(busy) == total):
+        return named
+    count = f"all {total} nodes" if len(busy) == total else f"{len(busy)} of {total} nodes"
+    return f"{count} ({named})"
+
+
 def _record(check, result, floor, details, fixes, expect, fractions):
     """One record: details and fixes are (skipped, failed, where) and (failed, measured)."""
     if (expect or {}).get("gbps") and result.get("backend") not in (None, "nccl"):
