@@ -204,6 +204,73 @@ def superlinear_tasks(roles_dir: Path = REPO / "roles") -> dict[str, str]:
     return out
 
 
+CONTROLLER_PLAYS = ("validate.yml", "exclude.yml", "report.yml")  # playbooks/: plays on localhost, once per run
+
+
+def _role_file_tasks(role: str, tasks_from: str, roles_dir: Path, seen: set) -> list[str]:
+    """'role : task' names of a role's task file and of the files it includes or imports (same role)."""
+    f = roles_dir / role / "tasks" / tasks_from
+    if f in seen or not f.exists():
+        return []
+    seen.add(f)
+    try:
+        doc = yaml.safe_load(f.read_text())
+    except yaml.YAMLError:
+        return []
+    names = []
+    for name, task in _walk_tasks(doc if isinstance(doc, list) else [], role):
+        names.append(name)
+        for key in ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks", "include_tasks", "import_tasks"):
+            ref = task.get(key)
+            ref = ref.get("file") if isinstance(ref, dict) else ref
+            if isinstance(ref, str) and "{{" not in ref:
+                names += _role_file_tasks(role, ref, roles_dir, seen)
+    return names
+
+
+def once_tasks(repo: Path = REPO) -> set[str]:
+    """The tasks that run once per run on one host, whatever the node count: run_once, and every task of the plays on
+    localhost (the validate, exclude and report plays). Their CPU is one worker's at a time: serial on any
+    controller, however many cores it has (several of them read every node's hostvars: O(n) once)."""
+    out: set[str] = set()
+    roles_dir = repo / "roles"
+    for f in sorted(roles_dir.glob("*/tasks/*.yml")):
+        try:
+            doc = yaml.safe_load(f.read_text())
+        except yaml.YAMLError:
+            continue
+        for name, task in _walk_tasks(doc if isinstance(doc, list) else [], f.parts[-3]):
+            if task.get("run_once") is True:
+                out.add(name)
+    for play_file in CONTROLLER_PLAYS:
+        try:
+            plays = yaml.safe_load((repo / "playbooks" / play_file).read_text()) or []
+        except (OSError, yaml.YAMLError):
+            continue
+        for play in plays:
+            if not isinstance(play, dict) or play.get("hosts") != "localhost":
+                continue
+            for task in play.get("tasks") or []:
+                if not isinstance(task, dict):
+                    continue
+                out.add(str(task.get("name", "")))
+                for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                    ref = task.get(key)
+                    if isinstance(ref, dict) and ref.get("tasks_from"):
+                        out.update(_role_file_tasks(ref["name"], ref["tasks_from"], roles_dir, set()))
+    out.discard("")
+    return out
+
+
+def once_cpu_s(run: dict, names: set[str] | None = None) -> float | None:
+    """The controller CPU of a run's once-per-run tasks (once_tasks()), from its per-task CPU; None without it."""
+    per_task = run.get("task_cpu")
+    if not per_task:
+        return None
+    names = once_tasks() if names is None else names
+    return round(sum(c[1] for c in per_task if c and c[0] in names), 3)
+
+
 def path_mtu_module_seconds(report: Path) -> list[float]:
     """The path_mtu_check module's own wall time per node, from network.path_mtu's detail in report.json."""
     try:
@@ -311,6 +378,7 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         "tasks_timed": len(profile), "profile": profile, "task_cpu": per_task,
         "cross_node_tasks": sorted(k for k, v in classes.items() if v == "cross_node"),
     }
+    row["controller_once_cpu_s"] = once_cpu_s(row)
     if proc.returncode != 0:
         row["output_tail"] = out[-3000:]
     if keep_output:
@@ -385,29 +453,45 @@ def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0
     """Fit the per-node costs on the measured points (converged re-runs) and project the wall time.
 
     points: [{nodes, wall_s, controller_cpu_s, controller_main_cpu_s, node_cpu_s, others_cpu_s, cores,
-    ssh_execs_per_node}]. Per node, each cost is fitted as a + b·n (b: what grows faster than linearly in all):
+    ssh_execs_per_node, controller_once_cpu_s or task_cpu}]. Per node, each cost is fitted as a + b·n (b: what grows
+    faster than linearly in all):
       serial(n)   = n·(s0 + s1·n)   the main process's CPU (strategy loop, forks, results): one core at most
-      parallel(n) = n·(w0 + w1·n)   the workers' CPU (controller CPU less the main process): spreads over cores
+      once(n)     =    o0 + o1·n    the once-per-run tasks (once_tasks(): run_once and the plays on localhost; their
+                                    controller CPU, main process included): one worker at a time, serial too
+      parallel(n) = n·(w0 + w1·n)   the workers' CPU (controller CPU less the main process and the once tasks):
+                                    spreads over cores
       node(n)     =    c0 + c1·n    one node's CPU (its module runs, its sshd)
+    A point without the once tasks' CPU (measured before it was kept) counts them as parallel, as the model did
+    before: once(n) = 0 unless every point has it.
     Checked here, where the controller and every node share the machine's cores with other users' work:
       CPU(n) = serial(n) + parallel(n) + n·node(n), against the CPU measured;
       T_here(n) = max(serial(n), CPU(n) / cores_got), cores_got = cores - (others' CPU / wall) of that run.
     Projected on a cluster (a controller of `cores` cores to itself, each node its own CPUs, at most `forks`
     workers at once):
-      T(n) = serial(n) + parallel(n) / min(cores, forks, n) + node(n) + execs_per_node·rtt
-    (additive: a task's controller and node parts are taken not to overlap, so this errs long).
+      T(n) = serial(n) + once(n) + parallel(n) / min(cores, forks, n) + node(n) + execs_per_node·rtt
+    (additive: a task's controller and node parts are taken not to overlap, and the main process's share of the once
+    tasks is counted in both serial terms, so this errs long).
     """
     pts = sorted(points, key=lambda p: p["nodes"])
     ns = [p["nodes"] for p in pts]
+    onces = [p.get("controller_once_cpu_s") if p.get("controller_once_cpu_s") is not None else once_cpu_s(p)
+             for p in pts]
+    if not pts or any(o is None for o in onces):
+        onces = [0.0] * len(pts)
+    o0, o1 = fit_line(ns, onces) if len(pts) >= 2 else ((onces[0] if pts else 0.0), 0.0)
+    if o1 < 0:  # a once cost that falls with n is noise: its mean, flat
+        o0, o1 = statistics.mean(onces), 0.0
     s0, s1 = fit_growth(ns, [p["controller_main_cpu_s"] / p["nodes"] for p in pts])
-    w0, w1 = fit_growth(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"]) / p["nodes"] for p in pts])
+    w0, w1 = fit_growth(ns, [(p["controller_cpu_s"] - p["controller_main_cpu_s"] - o) / p["nodes"]
+                             for p, o in zip(pts, onces)])
     c0, c1 = fit_growth(ns, [p["node_cpu_s"] / p["nodes"] for p in pts])
     execs = statistics.mean(p["ssh_execs_per_node"] for p in pts) if pts else 0.0
-    fit = {"s0": s0, "s1": s1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs}
+    fit = {"s0": s0, "s1": s1, "o0": o0, "o1": o1, "w0": w0, "w1": w1, "c0": c0, "c1": c1, "execs_per_node": execs,
+           "once_measured": any(onces)}
 
     def check(p, f):
         n = p["nodes"]
-        serial = n * (f["s0"] + f["s1"] * n)
+        serial = n * (f["s0"] + f["s1"] * n) + f["o0"] + f["o1"] * n
         cpu = serial + n * (f["w0"] + f["w1"] * n) + n * (f["c0"] + f["c1"] * n)
         measured_cpu = p["controller_cpu_s"] + p["node_cpu_s"]
         got = max(0.05, p.get("cores", 2) - max(0.0, p.get("others_cpu_s", 0.0)) / p["wall_s"])
@@ -424,9 +508,10 @@ def model(points: list[dict], cores: int = 16, forks: int = 64, rtt_s: float = 0
 
     def cluster(n):
         par = n * (w0 + w1 * n) / max(1, min(cores, forks, n))
-        return {"nodes": n, "serial_s": round(n * (s0 + s1 * n), 1), "parallel_s": round(par, 1),
-                "node_s": round(c0 + c1 * n, 1),
-                "wall_s": round(n * (s0 + s1 * n) + par + c0 + c1 * n + execs * rtt_s, 1)}
+        once = o0 + o1 * n
+        return {"nodes": n, "serial_s": round(n * (s0 + s1 * n), 1), "once_s": round(once, 1),
+                "parallel_s": round(par, 1), "node_s": round(c0 + c1 * n, 1),
+                "wall_s": round(n * (s0 + s1 * n) + once + par + c0 + c1 * n + execs * rtt_s, 1)}
 
     return {"fit": fit, "assumptions": {"cores": cores, "forks": forks, "rtt_s": rtt_s}, "checks": checks,
             "holdout": holdout, "projection": [cluster(n) for n in project_to]}
@@ -455,13 +540,20 @@ def _row(n: int, kind: str, r: dict) -> dict:
             "pmtu_mod": r.get("path_mtu_module_s_median"), "cross": r["cross_node_task_s"]}
 
 
+ONCE_TXT = ("Once per run, serial (run_once tasks and the plays on localhost, scale.once_tasks()): {o0:.2f} + "
+            "{o1:.4f}·n CPU-s in all.")
+PROJECTION_COLUMNS = [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),
+                      ("once-per-run tasks (serial) s", "once_s", ".1f"), ("workers / cores s", "parallel_s", ".1f"),
+                      ("one node s", "node_s", ".1f"), ("projected wall s", "wall_s", ".1f")]
+
+
 def _model_sections(title: str, pts: list[dict]) -> list[str]:
     m = model(pts)
     f = m["fit"]
     a = m["assumptions"]
     fit_txt = (f"Fit (per node, n nodes): main process {f['s0']:.3f} + {f['s1']:.5f}·n CPU-s; workers "
                f"{f['w0']:.3f} + {f['w1']:.5f}·n CPU-s; one node {f['c0']:.3f} + {f['c1']:.5f}·n CPU-s; "
-               f"{f['execs_per_node']:.1f} remote executions per node.")
+               f"{f['execs_per_node']:.1f} remote executions per node. " + ONCE_TXT.format(**f))
     hold = m["holdout"]
     hold_txt = (f"\n\nExtrapolation check: fitted on {hold['fitted_on']} only, the model gives "
                 f"{hold['cpu_model_s']} CPU-s at {hold['nodes']} nodes against {hold['cpu_s']} measured "
@@ -478,9 +570,7 @@ def _model_sections(title: str, pts: list[dict]) -> list[str]:
                                   ("model wall s", "model_s", ".1f"), ("wall off by %", "error_pct", "+.1f")]),
             f"### Projection from the {title}: a {a['cores']}-core controller, nodes in parallel (forks {a['forks']}, "
             f"{a['rtt_s'] * 1000:.0f} ms per remote execution)\n\n"
-            + table(m["projection"], [("nodes", "nodes", "d"), ("serial (main process) s", "serial_s", ".1f"),
-                                      ("workers / cores s", "parallel_s", ".1f"), ("one node s", "node_s", ".1f"),
-                                      ("projected wall s", "wall_s", ".1f")])]
+            + table(m["projection"], PROJECTION_COLUMNS)]
 
 
 def task_cost_section(run: dict, top: int = 20) -> str:

@@ -35,7 +35,7 @@ RAW = REPO / "docs/benchmarks-userpath.json"
 LONG_JOB = json.dumps({"train_args_options": {"--steps": 100000, "--save-every": 50, "--sleep": 0.2,
                                               "--output-root": "{{ train_args_output_dir }}"}})
 KINDS = {"user": ("node", ["-e", LONG_JOB]), "light": ("light", None)}  # simcluster kinds
-COSTS = ("controller_cpu_s", "controller_main_cpu_s", "node_cpu_s")
+COSTS = ("controller_cpu_s", "controller_main_cpu_s", "node_cpu_s", "controller_once_cpu_s")
 
 
 def bench_userpath(sizes: list[int], repeats: int) -> dict:
@@ -80,7 +80,10 @@ def _median(runs: list[dict]) -> dict:
     out = {k: ok[0][k] for k in ("nodes", "rc", "changed", "tasks_by_host", "head", "ssh_execs_per_node",
                                   "cores", "tasks_per_node", "tasks_run_per_node")}
     for k in (*COSTS, "wall_s", "others_cpu_s"):
-        vals = [r[k] for r in ok]
+        vals = [r[k] if r.get(k) is not None else scale.once_cpu_s(r) if k == "controller_once_cpu_s" else None
+                for r in ok]
+        if any(v is None for v in vals):  # a run measured before the once tasks' CPU was kept, without task_cpu
+            continue
         out[k] = round(statistics.median(vals), 2)
         out[k + "_range"] = [min(vals), max(vals)]
     out["runs_used"] = len(ok)
@@ -105,6 +108,8 @@ def roles_cost(results: dict) -> dict:
     ns = [e["nodes"] for e in pts]
     out = {"fitted_on": ns}
     for k in COSTS:
+        if any(k not in e[label]["median"] for e in pts for label in ("user", "light")):
+            continue
         diffs = [e["user"]["median"][k] - e["light"]["median"][k] for e in pts]
         a, b = scale.fit_line(ns, diffs) if len(pts) >= 2 else (0.0, diffs[0] / ns[0] if pts else 0.0)
         if a < 0:  # the roles cannot save a run anything: a negative fixed part is noise, fit the cost per node alone
@@ -130,8 +135,13 @@ def estimated_points(light: list[dict], roles: dict) -> list[dict]:
     for p in light:
         n = p["nodes"]
         q = dict(p)
+        if "controller_once_cpu_s" not in q:
+            q["controller_once_cpu_s"] = scale.once_cpu_s(p)
         for k in COSTS:
-            q[k] = round(p[k] + roles[k]["fixed"] + roles[k]["per_node"] * n, 2)
+            if k in roles and q.get(k) is not None:
+                q[k] = round(q[k] + roles[k]["fixed"] + roles[k]["per_node"] * n, 2)
+            elif k == "controller_once_cpu_s":
+                q[k] = None  # the roles' once tasks unknown: the model counts them as parallel
         out.append(q)
     return out
 
@@ -141,7 +151,16 @@ def light_points(scale_results: dict) -> list[dict]:
             if e.get("median") and e["median"].get("failed") in (0, None)]
 
 
+def _with_once(results: dict) -> None:
+    """Medians kept before the once-per-run tasks' CPU was: computed again from their re-runs' per-task CPU."""
+    for e in results.get("sizes", []):
+        for label in ("user", "light"):
+            if label in e and "controller_once_cpu_s" not in e[label]["median"] and e[label].get("reruns"):
+                e[label]["median"] = _median(e[label]["reruns"])
+
+
 def section(results: dict, scale_results: dict, scale_source: str, machine: str) -> str:
+    _with_once(results)
     rows = []
     for e in sorted(results["sizes"], key=lambda e: e["nodes"]):
         for label in ("user", "light"):
@@ -202,11 +221,8 @@ def section(results: dict, scale_results: dict, scale_source: str, machine: str)
         m = scale.model(est)
         text.append("### Projection of the user path: a 16-core controller, nodes in parallel (forks 64, 1 ms per "
                     "remote execution; scale.model() fitted on the estimated points above)\n\n"
-                    + scale.table(m["projection"], [("nodes", "nodes", "d"),
-                                                     ("serial (main process) s", "serial_s", ".1f"),
-                                                     ("workers / cores s", "parallel_s", ".1f"),
-                                                     ("one node s", "node_s", ".1f"),
-                                                     ("projected wall s", "wall_s", ".1f")]))
+                    + scale.ONCE_TXT.format(**m["fit"]) + "\n\n"
+                    + scale.table(m["projection"], scale.PROJECTION_COLUMNS))
     return "\n".join(text)
 
 

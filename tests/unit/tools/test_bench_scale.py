@@ -73,3 +73,36 @@ def test_model_recovers_the_costs_and_projects_with_the_nodes_in_parallel():
     n = 1024
     want = n * (0.5 + 0.002 * n) + n * (4.0 + 0.01 * n) / 16 + (3.0 + 0.02 * n) + 20 * 0.001
     assert p[n]["wall_s"] == pytest.approx(want, abs=0.1)
+
+
+def test_the_once_per_run_tasks_are_found_in_the_role_files_and_the_controller_plays():
+    once = scale.once_tasks()
+    assert "nccl_env : Compare the env files of every node" in once  # run_once
+    assert "cluster : Collect every node's check records" in once  # the report play, on localhost
+    assert "cluster : Leave out the failing nodes and remember the machines that failed" in once  # the exclude play
+    assert "network : Probe the network, set and persist the data interface MTU" not in once  # every node
+    run = {"task_cpu": [["nccl_env : Compare the env files of every node", 0.25, 0.0],
+                        ["network : Probe the network, set and persist the data interface MTU", 3.0, 9.0],
+                        ["cluster : Collect every node's check records", 0.5, 0.0]]}
+    assert scale.once_cpu_s(run) == pytest.approx(0.75)
+    assert scale.once_cpu_s({}) is None
+
+
+def test_the_once_per_run_tasks_are_serial_in_the_projection():
+    """A once-per-run task runs in one worker: however many cores, its CPU adds to the wall time whole."""
+    def with_once(n, o0=1.0, o1=0.05):
+        p = point(n)
+        once = o0 + o1 * n
+        return dict(p, controller_cpu_s=p["controller_cpu_s"] + once, controller_once_cpu_s=once,
+                    wall_s=p["wall_s"] + once, others_cpu_s=p["others_cpu_s"] + once)
+    m = scale.model([with_once(16), with_once(32), with_once(64)])
+    f = m["fit"]
+    assert (f["o0"], f["o1"], f["w0"], f["w1"]) == pytest.approx((1.0, 0.05, 4.0, 0.01))
+    p = {r["nodes"]: r for r in m["projection"]}
+    n = 1024
+    want = n * (0.5 + 0.002 * n) + (1.0 + 0.05 * n) + n * (4.0 + 0.01 * n) / 16 + (3.0 + 0.02 * n) + 20 * 0.001
+    assert p[n]["once_s"] == pytest.approx(1.0 + 0.05 * n, abs=0.1)
+    assert p[n]["wall_s"] == pytest.approx(want, abs=0.1)
+    # Points without the once tasks' CPU: counted as parallel, as before
+    legacy = scale.model([point(16), point(32), point(64)])
+    assert legacy["fit"]["o0"] == 0 and legacy["fit"]["o1"] == 0
