@@ -578,7 +578,7 @@ def task_cost_section(run: dict, top: int = 20) -> str:
     task starts) and the SSH executions of the task (the bench's ssh wrapper), heaviest controller tasks first."""
     n = run["nodes"]
     ssh = run.get("ssh_tasks") or {}
-    rows = [{"task": t, "ctrl": c / n, "node": nd / n, "ssh": ssh.get(t, 0) / n} for t, c, nd in run["task_cpu"]]
+    rows = [{"task": t, "ctrl": c / n, "node": nd / n, "ssh": ssh.get(t, 0) / n} for t, c, nd, *_ in run["task_cpu"]]
     total = {"ctrl": sum(r["ctrl"] for r in rows), "node": sum(r["node"] for r in rows),
              "ssh": sum(r["ssh"] for r in rows)}
     rows.sort(key=lambda r: -r["ctrl"])

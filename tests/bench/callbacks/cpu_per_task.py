@@ -4,9 +4,9 @@
 Reads the cpuacct cgroup the measured ansible-playbook runs in (TRAINYARD_BENCH_CGROUP) when each task starts; with
 the linear strategy a task's workers have all ended when the next task starts, so the difference is that task's
 CPU (its workers, their SSH clients and the main process meanwhile). The nodes' CPU the same way from the
-cpuacct.usage files named in TRAINYARD_BENCH_NODE_CGROUPS (colon-separated). Writes [[task, controller CPU-s,
-nodes' CPU-s], ...] in run order to TRAINYARD_BENCH_TASK_CPU when the playbook ends, and names the current task
-in TRAINYARD_BENCH_TASK for the workers (the bench's ssh wrapper logs it with every SSH execution).
+cpuacct.usage files named in TRAINYARD_BENCH_NODE_CGROUPS (colon-separated), and ansible-playbook's own CPU (this
+process: os.times()). Writes [[task, controller CPU-s, nodes' CPU-s, ansible-playbook's CPU-s], ...] in run order
+to TRAINYARD_BENCH_TASK_CPU when the playbook ends, and names the current task in TRAINYARD_BENCH_TASK for the workers (the bench's ssh wrapper logs it with every SSH execution).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class CallbackModule(CallbackBase):
         self._nodes = [p for p in os.environ.get("TRAINYARD_BENCH_NODE_CGROUPS", "").split(":") if p]
         self._rows: list[list] = []
         self._task: str | None = None
-        self._since = (0.0, 0.0)
+        self._since = (0.0, 0.0, 0.0)
 
     @staticmethod
     def _read(path: str) -> float:
@@ -49,9 +49,11 @@ class CallbackModule(CallbackBase):
             return 0.0
 
     def _mark(self, name: str | None) -> None:
-        now = (self._read(self._usage), sum(self._read(p) for p in self._nodes))
+        own = os.times()
+        now = (self._read(self._usage), sum(self._read(p) for p in self._nodes), own.user + own.system)
         if self._task is not None:
-            self._rows.append([self._task, round(now[0] - self._since[0], 3), round(now[1] - self._since[1], 3)])
+            self._rows.append([self._task, round(now[0] - self._since[0], 3), round(now[1] - self._since[1], 3),
+                               round(now[2] - self._since[2], 3)])
         self._task, self._since = name, now
         # the task's workers inherit it: tests/bench/scale.py's ssh wrapper logs each SSH execution's task
         os.environ["TRAINYARD_BENCH_TASK"] = name or ""

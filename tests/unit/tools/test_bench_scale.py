@@ -106,3 +106,10 @@ def test_the_once_per_run_tasks_are_serial_in_the_projection():
     # Points without the once tasks' CPU: counted as parallel, as before
     legacy = scale.model([point(16), point(32), point(64)])
     assert legacy["fit"]["o0"] == 0 and legacy["fit"]["o1"] == 0
+
+
+def test_the_cost_per_task_reads_rows_with_the_main_process_column():
+    """cpu_per_task writes [task, controller, nodes, ansible-playbook's own CPU]; rows of three (older raw files) too."""
+    run = {"nodes": 2, "ssh_tasks": {"a": 2}, "task_cpu": [["a", 0.4, 1.0, 0.1], ["b", 0.2, 0.0]]}
+    text = scale.task_cost_section(run)
+    assert "| a |" in text and "| b |" in text
