@@ -84,3 +84,13 @@ def test_validation_refuses_every_interface_the_nodes_never_pick():
     for name in names:
         assert nc.excluded_reason(name) and cm.bad_iface(name), name
     assert cm.bad_iface("ens5") is None and nc.excluded_reason("ens5") is None
+
+
+def test_a_problem_names_at_most_eight_hosts_and_counts_the_rest():
+    hosts = [f"n{i}" for i in range(20)]
+    assert cm.hosts_named(hosts[:3]) == "n0, n1, n2"
+    assert cm.hosts_named(hosts) == "n0, n1, n2, n3, n4, n5, n6, n7 and 12 more"
+    p = cm.Problem("x is wrong", "set x", hosts=hosts[:10])
+    assert p.line(hosts) == "Stop if x is wrong on n0, n1, n2, n3, n4, n5, n6, n7 and 2 more. Fix: set x"
+    every = cm.Problem("x is wrong", "set x", hosts=hosts).line(hosts)
+    assert every == "Stop if x is wrong on all 20 trainers. Fix: set x"

@@ -11,6 +11,7 @@ unit-tested in tests/unit/plugin_utils/test_allreduce_checks.py.
 from __future__ import annotations
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.bandwidth_expect import grade
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import MAX_HOSTS_NAMED, hosts_named
 
 _INTER_FIX_FAILED = ("NCCL could not finish an all-reduce between the nodes: check the network.* results above (data "
                      "interface, MTU, reachability), NCCL_SOCKET_IFNAME in {env_file}, and that port {port} is open "
@@ -27,17 +28,14 @@ _INTRA_FIX_SLOW = ("Intra-node bandwidth is below what the hardware should do or
                    "(docs/bandwidth.md)")
 
 
-BUSY_NAMED = 8  # nodes named in a record that says where the job trains; the rest are counted
-
-
-def busy_nodes(busy_hosts, play_hosts=None, limit=BUSY_NAMED):
-    """Where the job trains, for a record's detail: at most ``limit`` nodes named, the rest counted, so that every
-    node's record stays the same size at any cluster size (each node's record would otherwise name every node: O(n)
-    a node, O(n^2) in report.json). 'node1, node2' / 'all 64 nodes (node1, ... node8 and 56 more)' /
-    '3 of 64 nodes (node1, node2, node3)'."""
+def busy_nodes(busy_hosts, play_hosts=None, limit=MAX_HOSTS_NAMED):
+    """Where the job trains, for a record's detail: at most ``limit`` nodes named, the rest counted
+    (cluster_model.hosts_named), so that every node's record stays the same size at any cluster size (each node's
+    record would otherwise name every node: O(n) a node, O(n^2) in report.json). 'node1, node2' /
+    'all 64 nodes (node1, ... node8 and 56 more)' / '3 of 64 nodes (node1, node2, node3)'."""
     busy = [str(h) for h in busy_hosts or []]
     total = len(play_hosts) if play_hosts is not None else len(busy)
-    named = ", ".join(busy[:limit]) + (f" and {len(busy) - limit} more" if len(busy) > limit else "")
+    named = hosts_named(busy, limit)
     if len(busy) <= limit and (play_hosts is None or len(busy) == total):
         return named
     count = f"all {total} nodes" if len(busy) == total else f"{len(busy)} of {total} nodes"

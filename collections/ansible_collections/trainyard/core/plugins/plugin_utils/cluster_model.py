@@ -98,12 +98,18 @@ class Problem:
             all_hosts = list(all_hosts)
             if len(all_hosts) > 1 and sorted(hosts) == sorted(all_hosts):
                 where = f" on all {len(hosts)} trainers"
-            elif len(hosts) > MAX_HOSTS_NAMED:
-                where = f" on {', '.join(hosts[:MAX_HOSTS_NAMED])} and {len(hosts) - MAX_HOSTS_NAMED} more"
             else:
-                where = f" on {', '.join(hosts)}"
+                where = f" on {hosts_named(hosts)}"
         value = f" ({self.var} = {_show(redact(self.value, self.var))})" if self.has_value else ""
         return f"Stop if {self.what}{where}{value}. Fix: {self.fix}"
+
+
+def hosts_named(hosts: Iterable[str], limit: int = MAX_HOSTS_NAMED) -> str:
+    """'a, b' or 'a, ..., h and 56 more': at most `limit` hosts named, the rest counted, so that a line (or a node's
+    record) stays the same size at any cluster size."""
+    hosts = [str(h) for h in hosts]
+    more = f" and {len(hosts) - limit} more" if len(hosts) > limit else ""
+    return ", ".join(hosts[:limit]) + more
 
 
 def _show(value: Any) -> str:
