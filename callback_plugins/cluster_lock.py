@@ -14,8 +14,9 @@ description:
   - "Loaded without being enabled (it prints nothing but a heartbeat's failure). It reads C(cluster_lock_keeper) from
     the results of the action C(cluster_lock_guard): the locks this run took and gave back."
   - While the run holds a lock, a thread of this process touches it every C(cluster_lock_stale_s)/4 seconds (at least
-    1 s) through the module C(cluster_lock) in an ad-hoc run (C(python -m ansible.cli.adhoc)) with the run's own
-    inventory and connection options, one run for every node of a lock directory.
+    1 s) in an ad-hoc run (C(python -m ansible.cli.adhoc)) with the run's own inventory and connection options, one
+    run for every node of a lock directory, through the module C(raw) running one fixed shell script (no module sent,
+    no Python started on the node).
   - At exit it gives back every lock the run still holds (a run that failed before playbooks/unlock.yml, or was
     interrupted). A run killed with C(-9) leaves its locks; they go stale after C(cluster_lock_stale_s).
 """

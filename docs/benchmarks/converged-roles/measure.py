@@ -36,12 +36,13 @@ CHECKS = re.compile(r'"node\s+rank\s+([^"]+)"')
 
 
 LIGHT = False  # --light: the light harness's run (light nodes, --skip-tags launch, no long job)
+EXTRA: list[str] = []  # --extra-vars: passed to every run as -e
 
 
 def run(tree: Path, cluster: str, log: Path) -> dict:
     meta = json.loads((REPO / ".sim" / cluster / "cluster.json").read_text())
     argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(REPO / meta["inventory"]), "site.yml",
-            *(["--skip-tags", "launch"] if LIGHT else ["-e", LONG_JOB])]
+            *(["--skip-tags", "launch"] if LIGHT else ["-e", LONG_JOB]), *(x for e in EXTRA for x in ("-e", e))]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_CONFIG=str(tree / "ansible.cfg"))
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -73,9 +74,11 @@ def main() -> int:
     ap.add_argument("--no-converge", action="store_true", help="the clusters are converged by these trees already")
     ap.add_argument("--light", action="store_true",
                     help="light nodes (simcluster.py up --kind light): site.yml --skip-tags launch, as the scale bench")
+    ap.add_argument("--extra-vars", action="append", default=[], help="-e for every run (e.g. cluster_lock_stale_s=40)")
     a = ap.parse_args()
     global LIGHT
     LIGHT = a.light
+    EXTRA[:] = a.extra_vars
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in a.tree)]
     if not a.no_converge:
         for cluster in a.cluster:

@@ -257,8 +257,9 @@ def check_lock_dir(lock_dir, mounted):
 
 def heartbeat_interval(stale_s):
     """How often the heartbeat touches a held lock: a quarter of the stale limit (at least 1 s), so three beats
-    can be missed before another controller may judge the holder gone. Each beat is a module run on the node: the
-    default limit of 300 s costs a converged run one beat per node a minute and a quarter."""
+    can be missed before another controller may judge the holder gone. Each beat is one shell command on the node
+    (plugin_utils/lock_keeper.py BEAT_SCRIPT): the default limit of 300 s costs a converged run one beat per node a
+    minute and a quarter."""
     return max(1.0, float(stale_s) / 4.0)
 
 
@@ -415,7 +416,8 @@ def acquire(lock_dir, record, break_token=None, now=None, check_mode=False):
 
 
 def heartbeat(lock_dir, token):
-    """Touch the lock when it holds token; False when it is not (any longer) this run's."""
+    """Touch the lock when it holds token; False when it is not (any longer) this run's. The heartbeat the callback
+    runs is the same rule in POSIX sh (plugin_utils/lock_keeper.py BEAT_SCRIPT, no Python on the node): change both."""
     path = os.path.join(lock_dir, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)

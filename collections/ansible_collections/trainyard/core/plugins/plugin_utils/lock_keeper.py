@@ -5,7 +5,9 @@ The action ``cluster_lock_guard`` says in its result what it took or gave back (
 lock directory, the run's token, the heartbeat interval, held or not); the callback, which sees every result in the
 main process, hands it to a ``Keeper``. A thread of that process runs each due heartbeat, and at exit the release of
 every lock still held, as a child process through Ansible's public command line (``python -m ansible.cli.adhoc``,
-the module ``cluster_lock``, the run's own inventory and connection options): no fork of a worker, no private API.
+the run's own inventory and connection options): no fork of a worker, no private API. A beat is the module ``raw``
+running one fixed shell script (``BEAT_SCRIPT``): no module is built or sent and no Python starts on the node; the
+release at exit is the module ``cluster_lock`` (``state=absent``).
 
 The thread lives exactly as long as ansible-playbook: a run killed with -9 stops beating at once (a beat already
 under way ends on its own) and its locks go stale after ``cluster_lock_stale_s``, as the lock's design wants.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -33,12 +37,26 @@ _LIST_OPTS = (("inventory", "--inventory"), ("extra_vars", "--extra-vars"), ("va
               ("vault_password_files", "--vault-password-file"))
 # Longest a beat or the release at exit may take (an unreachable node costs the SSH ConnectTimeout).
 RUN_TIMEOUT_S = 120.0
+# One heartbeat on a node, module_utils/cluster_lock.heartbeat's rule in POSIX sh: touch the lock when it is a plain
+# file (not a link) holding this run's token, as the module writes it (json.dumps: '"token": "<token>"'), else fail.
+# The lock directory and the token are the script's arguments ($1, $2), each quoted by shlex.quote: the script's text
+# is fixed, nothing from the inventory becomes shell code. The lock directory is 0700 and root's (ensure_dir), so
+# nobody else can swap the file between the test and the touch.
+BEAT_SCRIPT = ('f="$1/cluster.lock"; [ -f "$f" ] && [ ! -h "$f" ] '
+               '&& grep -qF -e "\\"token\\": \\"$2\\"" -- "$f" && touch -c -- "$f"')
+_HEADER = re.compile(r"^\S+ \| ([A-Z!]+)")
 
 
-def adhoc_argv(cliargs, hosts, module_args, python=None):
-    """The ad-hoc command that runs the module cluster_lock with module_args on hosts (inventory names), with the
-    inventory, connection and become options of the ansible-playbook run (cliargs: its ansible.context.CLIARGS).
-    Options are given as --name=value, so a value that starts with '-' stays a value."""
+def beat_command(path, token):
+    """The raw module's command of one heartbeat of the lock in directory path held with token."""
+    return " ".join(["sh", "-c", shlex.quote(BEAT_SCRIPT), "trainyard-lock-beat", shlex.quote(str(path)),
+                     shlex.quote(str(token))])
+
+
+def adhoc_argv(cliargs, hosts, module_args, python=None, module="cluster_lock"):
+    """The ad-hoc command that runs module with module_args (a dict, sent as JSON, or the raw module's command) on
+    hosts (inventory names), with the inventory, connection and become options of the ansible-playbook run (cliargs:
+    its ansible.context.CLIARGS). Options are given as --name=value, so a value that starts with '-' stays a value."""
     argv = [python or sys.executable, "-m", "ansible.cli.adhoc", ",".join(hosts)]
     for key, opt in _LIST_OPTS:
         for value in cliargs.get(key) or ():
@@ -53,17 +71,26 @@ def adhoc_argv(cliargs, hosts, module_args, python=None):
     if module_path:
         argv.append("--module-path=%s" % (os.pathsep.join(module_path) if isinstance(module_path, (list, tuple))
                                            else module_path))
-    argv += ["--one-line", "--module-name=cluster_lock", "--args=%s" % json.dumps(module_args, sort_keys=True)]
+    args = module_args if isinstance(module_args, str) else json.dumps(module_args, sort_keys=True)
+    argv += ["--module-name=%s" % module, "--args=%s" % args]
     return argv
 
 
+def beat_argv(cliargs, hosts, path, token, python=None):
+    """The ad-hoc command of one heartbeat of hosts (BEAT_SCRIPT through the module raw)."""
+    return adhoc_argv(cliargs, hosts, beat_command(path, token), python, module="raw")
+
+
 def first_problem(returncode, output):
-    """None when every node answered, else one line: the first line of the ad-hoc output that is not a success."""
+    """None when every node answered, else one line: the first node's line of the ad-hoc output that is not a
+    success ("node3 | FAILED | rc=1 >>", "node3 | UNREACHABLE! => ..."), else its first line."""
     if returncode == 0:
         return None
     lines = [ln.strip() for ln in (output or "").splitlines() if ln.strip()]
-    bad = [ln for ln in lines if "| SUCCESS" not in ln and "| CHANGED" not in ln]
-    line = (bad or lines or ["exit status %s" % returncode])[0]
+    heads = [ln for ln in lines if _HEADER.match(ln) and _HEADER.match(ln).group(1) not in ("SUCCESS", "CHANGED")]
+    line = (heads or lines or ["exit status %s" % returncode])[0]
+    if line.endswith("| FAILED | rc=1 >>"):  # BEAT_SCRIPT's "not this run's lock"
+        line = "%s: the lock file is gone or holds another run's token" % line.split(" | ", 1)[0]
     return line if len(line) <= 300 else line[:297] + "..."
 
 
@@ -159,7 +186,7 @@ class Heartbeat:
         for hosts, args in self.keeper.due(self.clock()):
             if self._stop.is_set():
                 return
-            problem = first_problem(*self.run(adhoc_argv(self.cliargs, hosts, args)))
+            problem = first_problem(*self.run(beat_argv(self.cliargs, hosts, args["path"], args["token"])))
             if problem and not self.problems:
                 self.problems.append("cluster lock heartbeat of %s: %s" % (", ".join(hosts), problem))
 
