@@ -198,6 +198,15 @@ options:
     description: Seconds to wait for C(wait_for).
     type: int
     default: 300
+  confirm:
+    description:
+      - "C(state=started): confirm the launch in the same task. Fail, naming the node rank, the job's state, its log
+        and the log's tail, unless the job now runs or finished (any state in check mode) with I(node_rank) (a job
+        left running with another rank fails too); else C(msg) says where the job runs: node rank, state, pid,
+        resume point, log. The action plugin of the same name puts the node's name before a failure and shows C(msg)
+        without C(-v)."
+    type: bool
+    default: false
   first_step_marker:
     description: Regex of the log line the entry point prints after its first optimizer step.
     type: str
@@ -1116,6 +1125,26 @@ class Launch(object):
         self.result.update(waited_s=round(time.monotonic() - started, 2))
         return self.result
 
+    def confirm(self, r):
+        """The launch's confirmation (confirm=true): fail unless the job runs or finished with this node's rank, else
+        say where it runs (msg)."""
+        want = int(self.p["node_rank"])
+        state = r.get("state") or "unknown"
+        if not self.m.check_mode and state not in ("running", "finished"):
+            self.m.fail_json(msg="(node rank %d): job %s is %s. Log %s: %s" % (
+                want, self.job, state, r.get("log", ""), r.get("log_tail") or r.get("last_log_line") or ""), **r)
+        got = r.get("node_rank")
+        if got is None or int(got) != want:
+            self.m.fail_json(msg="(node rank %d): job %s runs here with node rank %s, not this node's rank in the "
+                                 "cluster model. Log %s. Fix: stop it (reset.yml) and launch again"
+                                 % (want, self.job, got, r.get("log", "")), **r)
+        how = ("(started)" if r.get("changed") else "(already running, left alone)" if state == "running"
+               else "(left alone: rerun_finished=false)" if state == "finished" else "")
+        r["msg"] = "node rank %d: %s%s, pid %s, resume from %s, log %s" % (
+            want, state, " " + how if how else "", r.get("pid", "-"), r.get("resume_from") or "nothing",
+            r.get("log", ""))
+        return r
+
     @staticmethod
     def failure_words(d):
         f = d.get("failure")
@@ -1159,6 +1188,7 @@ def main():
             rerun_finished=dict(type="bool", default=False),
             stop_timeout=dict(type="int", default=30),
             log_lines=dict(type="int", default=30),
+            confirm=dict(type="bool", default=False),
         )),
         supports_check_mode=True,
     )
@@ -1169,7 +1199,8 @@ def main():
     elif state == "stopped":
         launch.stop()
     else:
-        module.exit_json(**launch.start())
+        result = launch.start()
+        module.exit_json(**(launch.confirm(result) if module.params["confirm"] else result))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ JC = load("collections/ansible_collections/trainyard/core/plugins/plugin_utils/j
 FOUND = {"checkpoints": 3, "deletions": ["a", "b"], "total_bytes": 2048, "scan_seconds": 0.01}
 
 
-def play(tmp_path: Path, dry_run: list, check: bool = False, files: list | None = None) -> tuple[int, dict, dict]:
+def play(tmp_path: Path, dry_run: list, check: bool = False, files: list | None = None,
+         user: str = "nobody", user_create: bool = False) -> tuple[int, dict, dict]:
     """(rc, the janitor_check task's result, this host's facts after it) of one run."""
     root = tmp_path / "out"
     root.mkdir(exist_ok=True)
@@ -29,7 +30,8 @@ def play(tmp_path: Path, dry_run: list, check: bool = False, files: list | None 
             {"name": "Copy, dry-run and record", "register": "r", "ignore_errors": True, "janitor_check": {
                 "files": {"roots": [str(root)], "directories": [{"path": str(tmp_path / "state"), "mode": "0750"}],
                           "files": files},
-                "dry_run": dry_run, "root": str(root), "python": "python3", "user": "nobody",
+                "dry_run": dry_run, "root": str(root), "python": "python3", "user": user,
+                "user_create": user_create,
                 "publish": {"janitor_sidecar": {"name": "janitor", "argv": ["x"]}}}},
             {"name": "Show", "ansible.builtin.debug": {"msg": "RESULT {{ {'r': r, 'records': preflight_results | "
                                                                "default([]), 'sidecar': janitor_sidecar | default(none)}"
@@ -78,6 +80,36 @@ def test_check_mode_runs_the_dry_run_unless_the_script_is_not_there_yet_then_pen
     play(tmp_path, printer(FOUND))  # the real run writes the files
     rc, r, got = play(tmp_path, printer(FOUND), check=True)
     assert not r["changed"] and r["dry_run"]["rc"] == 0 and got["records"][0]["status"] == "pass", r
+
+
+def getent(name: str) -> bool:
+    return subprocess.run(["getent", "passwd", name], capture_output=True).returncode == 0
+
+
+def test_the_users_creation_is_the_same_task_converged_when_the_user_exists(tmp_path):
+    # nobody exists with /usr/sbin/nologin on Debian: user_create changes nothing, the files and dry run go on.
+    rc, r, got = play(tmp_path, printer(FOUND), user_create=True)
+    assert rc == 0 and r["user"]["name"] == "nobody" and r["user"]["changed"] is False, r
+    assert got["records"][0]["status"] == "pass"
+    rc, r, got = play(tmp_path, printer(FOUND), user_create=True)
+    assert rc == 0 and not r["changed"], r
+
+
+def test_check_mode_with_a_user_to_create_creates_nothing_and_is_pending_on_this_task(tmp_path):
+    name = "ty-janitor-%d" % os.getpid()
+    assert not getent(name)
+    play(tmp_path, printer(FOUND))  # the files are there: only the user would change
+    rc, r, got = play(tmp_path, printer(FOUND), check=True, user=name, user_create=True)
+    assert rc == 0 and r["changed"] and r["user"]["changed"] and not getent(name), r
+    (rec,) = got["records"]
+    assert rec["status"] == "pending" and rec["fix"] == "the run does it: Copy, dry-run and record", rec
+
+
+def test_a_user_that_cannot_be_created_fails_the_task_naming_the_variable_before_any_write(tmp_path):
+    rc, r, got = play(tmp_path, printer(FOUND), user="no/such:user", user_create=True)
+    assert r["failed"] and "creating the janitor's user no/such:user failed" in r["msg"], r
+    assert "janitor_user" in r["msg"] and not (tmp_path / "state").exists() and got["records"] == [], r
+    assert not getent("no/such:user")
 
 
 def test_a_write_that_fails_fails_the_task_and_records_nothing(tmp_path):

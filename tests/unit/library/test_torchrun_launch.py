@@ -27,7 +27,8 @@ ENTRY = textwrap.dedent("""
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="needs the controller venv (make venv)")
 
 
-def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.CompletedProcess, dict]:
+def playbook(tmp_path: Path, *extra: str, verbose: bool = True,
+             **module_args) -> tuple[subprocess.CompletedProcess, dict]:
     entry = tmp_path / "entry.py"
     entry.write_text(ENTRY)
     args = {"job": "secretjob", "state_root": str(tmp_path / "state"), "nnodes": 1, "nproc_per_node": 1,
@@ -42,7 +43,7 @@ def playbook(tmp_path: Path, *extra: str, **module_args) -> tuple[subprocess.Com
                                   "mode": "0600"}, "check_mode": False}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    p = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", "localhost,", "-c", "local",
+    p = subprocess.run([str(BIN / "ansible-playbook"), *(["-v"] if verbose else []), "-i", "localhost,", "-c", "local",
                         "-e", f"ansible_python_interpreter={sys.executable}", str(pb), *extra],
                        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     res = json.loads((tmp_path / "result.json").read_text()) if (tmp_path / "result.json").exists() else {}
@@ -141,6 +142,55 @@ def test_a_job_that_ends_while_awaited_is_finished_if_clean_and_named_if_not(tmp
             assert p.returncode != 0 and "ended before first_step" in p.stdout, p.stdout[-3000:]
     finally:
         stop(tmp_path)
+
+
+def test_confirm_says_where_the_job_runs_without_v_and_leaves_it_alone_the_second_time(tmp_path):
+    hold = tmp_path / "hold.py"
+    hold.write_text("import time\nprint('trainyard: first step done', flush=True)\ntime.sleep(120)\n")
+    try:
+        p, res = playbook(tmp_path, verbose=False, entrypoint=str(hold), args=[], confirm=True)
+        assert p.returncode == 0, p.stdout[-3000:]
+        line = f"node rank 0: running (started), pid {res['pid']}, resume from nothing, log {res['log']}"
+        assert res["msg"] == line and line in p.stdout, p.stdout[-3000:]  # shown without -v
+        p, res = playbook(tmp_path, verbose=False, entrypoint=str(hold), args=[], confirm=True)
+        assert p.returncode == 0 and "node rank 0: running (already running, left alone), pid" in p.stdout, p.stdout
+        p, res = playbook(tmp_path, verbose=False, entrypoint=str(hold), args=[])  # without confirm: no line
+        assert p.returncode == 0 and "node rank 0:" not in p.stdout and "msg" not in res, p.stdout[-3000:]
+    finally:
+        stop(tmp_path)
+
+
+def test_confirm_fails_on_a_dead_job_or_another_rank_and_the_action_names_the_node():
+    """The rule on the module's results (a job that died before the module looked: wait_for none; a job recorded with
+    another rank: a forged or foreign launch.json), and the action's line for each."""
+    tl = load("library/torchrun_launch.py", "torchrun_launch_confirm")
+    act = load("action_plugins/torchrun_launch.py", "torchrun_launch_action")
+
+    class Failed(Exception):
+        pass
+
+    class Module:
+        check_mode = False
+
+        def fail_json(self, **kw):
+            raise Failed(kw["msg"])
+
+    launch = tl.Launch.__new__(tl.Launch)
+    launch.m, launch.p, launch.job = Module(), {"node_rank": 1}, "train"
+    with pytest.raises(Failed) as died:
+        launch.confirm({"state": "failed", "node_rank": 1, "log": "/l", "log_tail": "CUDA error 802"})
+    assert str(died.value) == "(node rank 1): job train is failed. Log /l: CUDA error 802"
+    assert act.confirmed({"failed": True, "msg": str(died.value)}, "gpu-node7")["msg"] == \
+        "gpu-node7 (node rank 1): job train is failed. Log /l: CUDA error 802"
+    assert act.confirmed({"failed": True, "msg": "env file x: bad"}, "gpu-node7")["msg"] == "env file x: bad"
+    with pytest.raises(Failed, match=r"^\(node rank 1\): job train runs here with node rank 0, not this node's"):
+        launch.confirm({"state": "running", "node_rank": 0, "log": "/l"})
+    assert launch.confirm({"state": "finished", "node_rank": 1, "pid": 7, "log": "/l"})["msg"] == \
+        "node rank 1: finished (left alone: rerun_finished=false), pid 7, resume from nothing, log /l"
+    launch.m.check_mode = True  # a plan: any state, the rank still checked
+    ok = launch.confirm({"state": "started", "node_rank": 1, "changed": True})
+    assert ok["msg"].startswith("node rank 1: started (started)")
+    assert act.confirmed(ok, "gpu-node7")["_ansible_verbose_always"] is True
 
 
 # The job of secret_env_mode=file: its own environment and every process's environ below it, and the files.
