@@ -19,9 +19,10 @@ description:
     ones are replaced by typed stand-ins."
   - "Results are cached on the controller by the config's hash and the DeepSpeed version (importing DeepSpeed takes
     seconds). Never fails by itself: returns C(ok) and C(errors) so the role can record the check, then stop."
-  - "With I(build) (one node, no DeepSpeed) it builds the node's config instead (plugin_utils/ds_config.py render),
-    failing naming C(deepspeed_config_base_file) when that file cannot be read; with I(hosts) and I(contents) (run
-    once) it compares the nodes' files (O(n)) and validates each distinct config once, answering per host."
+  - "With I(build) (run once: every rank runs with the same config, and the validate play refuses deepspeed_config_*
+    values that differ between nodes) it builds the config (plugin_utils/ds_config.py render), failing naming
+    C(deepspeed_config_base_file) when that file cannot be read, and validates it in the same task: what the write
+    refuses and the records every node records."
 options:
   config: {description: The DeepSpeed configuration (one config)., type: dict}
   build:
@@ -29,18 +30,22 @@ options:
       I(settings) are the deepspeed_config_* variables the config is generated from (plugin_utils/ds_config.py
       generated) and what the product adds to a user's file; or C({generated, wants, ...}) given ready."
     type: dict
-  hosts: {description: The play's hosts., type: list, elements: str}
-  builts: {description: Each host's I(build) result (the order of I(hosts))., type: list, elements: dict}
-  validate: {description: With I(hosts), whether to run DeepSpeed (false compares only)., type: bool, default: true}
-  publish: {description: With I(build), facts to set on the host (the file's path)., type: dict, default: {}}
+  validate: {description: With I(build), whether to run DeepSpeed (false builds only)., type: bool, default: true}
+  refuse:
+    description: "With I(write): what the write refuses (the run-once call's C(refuse)), each reason put after this
+      node's name; nothing is written then."
+    type: list
+    elements: str
+    default: []
+  publish: {description: With I(write), facts to set on the node (the file's path)., type: dict, default: {}}
   consistent:
     description: "C({written, majority, path}): this node's job_files answer for ds_config.json, the nodes' majority
       sha256 and the file's path; records C(deepspeed_config.consistent) (pending in check mode while the write would
       change the file). With I(write), C(written) is the write's own answer and may be left out."
     type: dict
   records:
-    description: "With I(write): this node's records of the validation (the run-once call's C(records) for the host),
-      recorded before the write; when the write refuses or fails they come back as C(preflight_records) for a rescue
+    description: "With I(write): the validation's records (the run-once call's C(records)), recorded on this node
+      before the write; when the write refuses or fails they come back as C(preflight_records) for a rescue
       to record."
     type: list
     elements: dict
@@ -95,13 +100,21 @@ cached:
   returned: always
   type: bool
 refuse:
-  description: "With I(hosts): C({host: [...]}), what the task writing the file refuses on each host."
-  returned: with I(hosts)
-  type: dict
+  description: "With I(build): what the task writing the file refuses on every node (the LoRA save flag, DeepSpeed's
+    errors)."
+  returned: with I(build)
+  type: list
+  elements: str
 records:
-  description: "With I(hosts): C({host: [...]}), each node's C(deepspeed_config.lora_gather) and C(deepspeed_config.valid)."
-  returned: with I(hosts)
-  type: dict
+  description: "With I(build): the C(deepspeed_config.lora_gather) and C(deepspeed_config.valid) records every node
+    records."
+  returned: with I(build)
+  type: list
+  elements: dict
+majority:
+  description: "With I(build): the sha256 of the file's text, what every node's file is compared with after the write."
+  returned: with I(build)
+  type: str
 write:
   description: "With I(write), when the write failed: the answer of C(job_files). When it succeeded, that answer's keys
     (C(files), C(directories), C(read), C(diff), ...) are the task's own, as if C(job_files) had run alone."
@@ -115,6 +128,7 @@ preflight_records:
 """
 
 import copy
+import hashlib
 import json
 import os
 import sys
@@ -260,34 +274,26 @@ from ansible.module_utils.parsing.convert_bool import boolean  # noqa: E402
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, render_checks  # noqa: E402
 
 
-def refusals(host, lora, verdict, first, enabled=True):
-    """What the task writing ds_config.json refuses on `host`: LoRA under ZeRO-3 saving an empty adapter, a config
-    differing from the first node's (verdict's differs), or one DeepSpeed rejected (when validation is on)."""
-    out = [f"{host}: {lora['detail']}; remove {lora['variable']} or set it to true."] if lora["status"] == "fail" else []
-    if verdict["differs"]:
-        out.append(f"{host}: the DeepSpeed config differs from {first}'s at {', '.join(verdict['differs'])}; look for "
-                   "host_vars/group_vars deepspeed_config_* set for some nodes only: every rank must run with the same "
-                   "config.")
+def refusals(lora, verdict, enabled=True):
+    """What the task writing ds_config.json refuses (on every node: the write puts the node's name first): LoRA under
+    ZeRO-3 saving an empty adapter, or a config DeepSpeed rejected (when validation is on)."""
+    out = [f"{lora['detail']}; remove {lora['variable']} or set it to true."] if lora["status"] == "fail" else []
     if enabled and not verdict["ok"]:
-        out.append(f"{host}: {'; '.join(verdict['errors'])}")
+        out.append("; ".join(verdict["errors"]))
     return out
 
 
-def validate_hosts(hosts, builts, run=None, enabled=True, auto_filler="trainer"):
-    """ds_config.compare of the nodes' built configs, run(config) (validate with the task's options) once per
-    distinct config, and each node's records: {hosts: {host: {ok, errors, differs}}, refuse: {host: [what the write
-    refuses]}, records: {host: [...]}, majority, deepspeed_version}."""
-    contents = [b["content"] for b in builts]
-    seen = ds_config.compare(hosts, contents)
-    verdicts = {d: run(json.loads(contents[hosts.index(h)])) if enabled else {"ok": True, "errors": []}
-                for d, h in seen["distinct"].items()}
-    version = next((v["deepspeed_version"] for v in verdicts.values() if v.get("deepspeed_version")), "")
-    nodes = {h: {"ok": verdicts[seen["digest"][h]]["ok"], "errors": verdicts[seen["digest"][h]]["errors"],
-                 "differs": seen["differs"].get(h, [])} for h in hosts}
-    return {"hosts": nodes, "refuse": {h: refusals(h, b["lora"], nodes[h], hosts[0], enabled) for h, b in zip(hosts, builts)},
-            "records": {h: render_checks.deepspeed_records(b, verdicts[seen["digest"][h]] if enabled else None, version, auto_filler)
-                        for h, b in zip(hosts, builts)},
-            "majority": seen["majority"], "deepspeed_version": version, "configs_validated": len(verdicts) * enabled}
+def validated(built, run=None, enabled=True, auto_filler="trainer"):
+    """The built config validated once (run(config) with the task's options; none when validation is off): {ok,
+    errors, refuse: [what the write refuses], records: [what every node records], majority: the text's sha256,
+    deepspeed_version, configs_validated}. One config for the cluster: the validate play refuses deepspeed_config_*
+    values that differ between nodes (plugin_utils/cluster_model.py one_per_cluster)."""
+    verdict = run(json.loads(built["content"])) if enabled else {"ok": True, "errors": []}
+    version = verdict.get("deepspeed_version") or ""
+    return {"ok": verdict["ok"], "errors": verdict["errors"], "refuse": refusals(built["lora"], verdict, enabled),
+            "records": render_checks.deepspeed_records(built, verdict if enabled else None, version, auto_filler),
+            "majority": hashlib.sha256(built["content"].encode("utf-8")).hexdigest(), "deepspeed_version": version,
+            "configs_validated": int(enabled)}
 
 
 class ActionModule(bases.ControllerAction):
@@ -319,21 +325,27 @@ class ActionModule(bases.ControllerAction):
                     "DeepSpeed JSON config on the controller (relative paths are looked up under the playbook's "
                     "files/), or leave deepspeed_config_base_file empty to build the config from the "
                     "deepspeed_config_* variables."))
-            return dict(built, ansible_facts=dict(bases.need_dict(args.get("publish") or {}, "'publish'")),
-                        _ansible_facts_cacheable=False)
+            return dict(built, **validated(built, self.validator(args), boolean(args.get("validate", True)),
+                                           self.filler(args)))
+        return self.validator(args)(bases.need_dict(args.get("config"), "deepspeed_validate: 'config'"))
+
+    @staticmethod
+    def filler(args):
         filler = args.get("auto_filler") or "trainer"
         if filler not in ds_config.AUTO_FILLED:
             raise AnsibleActionFail(f"deepspeed_config_auto_filler is {filler!r}; use trainer, accelerate or none")
+        return filler
+
+    def validator(self, args):
+        """validate(config) with the task's options."""
+        filler = self.filler(args)
 
         def run(config):
             return validate(config, bases.str_list(args.get("allow_unknown_keys")), python=args.get("python"),
                             cache_dir=args.get("cache_dir", "~/.cache/trainyard/deepspeed-validate"),
                             timeout=int(args.get("timeout", 180)), auto_filler=filler,
                             source=args.get("source") or "the config")
-        if args.get("hosts") is not None:
-            return validate_hosts(bases.str_list(args["hosts"]), list(args.get("builts") or []), run,
-                                  bool(args.get("validate", True)), filler)
-        return run(bases.need_dict(args.get("config"), "deepspeed_validate: 'config'"))
+        return run
 
     def write(self, args, task_vars):
         """The validation's records, the write of ds_config.json by job_files on the node (it refuses what the records
@@ -343,7 +355,10 @@ class ActionModule(bases.ControllerAction):
         if not all(isinstance(r, dict) for r in records):
             raise AnsibleActionFail("deepspeed_validate: 'records' must be a list of records (the run-once call's "
                                     "records[inventory_hostname])")
-        module_args = bases.need_dict(args["write"], "deepspeed_validate: 'write'", " (job_files' arguments)")
+        module_args = dict(bases.need_dict(args["write"], "deepspeed_validate: 'write'", " (job_files' arguments)"))
+        host = task_vars.get("inventory_hostname")
+        module_args["refuse"] = [f"{host}: {r}" for r in bases.str_list(args.get("refuse"))] + \
+            bases.str_list(module_args.get("refuse"))
         written = self._execute_module(module_name="job_files", module_args=module_args, task_vars=task_vars)
         written.pop("invocation", None)
         if written.get("failed"):
@@ -356,4 +371,6 @@ class ActionModule(bases.ControllerAction):
                 written, str(c.get("majority") or ""), str(c.get("path") or ""), write_task=self._task.get_name()))
         out = self.record(task_vars, *records)
         out.update({k: v for k, v in written.items() if k != "ansible_facts"}, changed=bool(written.get("changed")))
+        out["ansible_facts"] = dict(out.get("ansible_facts") or {},
+                                    **bases.need_dict(args.get("publish") or {}, "deepspeed_validate: 'publish'"))
         return out

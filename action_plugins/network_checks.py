@@ -38,7 +38,7 @@ options:
     type: dict
     default: {}
   port:
-    description: The head's registered C(port_check) inspect result (skipped or C({}) when it did not run).
+    description: The head's C(port_check) inspect answer (network_plan's C(port); C({}) when it did not run).
     type: dict
     default: {}
   requested: {description: C(cluster_data_iface) of this node., type: str, default: ""}
@@ -57,7 +57,7 @@ EXAMPLES = r"""
     facts: "{{ __network_facts }}"
     plan: "{{ __network_plan.plan | default({}) }}"
     node_plan: "{{ __network_plan.nodes[inventory_hostname] | default({}) }}"
-    port: "{{ __network_port | default({}) }}"
+    port: "{{ __network_plan.port | default({}) }}"
     requested: "{{ cluster_data_iface }}"
   register: __network_checks
 """
@@ -89,7 +89,7 @@ from ansible_collections.trainyard.core.plugins.plugin_utils import bases, netre
 # What each argument takes, for a task that passed a registered result's name.
 VALUES_HINT = (": give the registered result as a value (facts: \"{{ __network_facts }}\", plan: "
                "\"{{ __network_plan.plan }}\", node_plan: \"{{ __network_plan.nodes[inventory_hostname] }}\", port: "
-               "\"{{ __network_port }}\"), not its name")
+               "\"{{ __network_plan.port }}\"), not its name")
 
 
 def values(args):

@@ -18,7 +18,8 @@ description:
     every node. Each node's C(network_checks) task takes two values of it: I(plan) (what every node shares, O(1) in
     the node count) and its own entry of I(nodes) (its peers and what its records read of them): no node's
     arguments carry every node's peers."
-  - Runs on the controller only; no node is contacted.
+  - "Runs on the controller; with I(port) it also asks the head (the task delegated to it) who holds the rendezvous
+    port, and starts the probe listener there when nobody does, in the same task (C(port_check) C(mode=inspect))."
 options:
   hosts:
     description: The nodes of the cluster in the play, in rank order.
@@ -47,6 +48,11 @@ options:
       (seconds a worker's connect to the rendezvous port may take)."
     type: dict
     default: {}
+  port:
+    description: "C(port_check)'s arguments for C(mode=inspect) (C(port), C(state_file), C(listen), C(address),
+      C(listen_seconds), C(expect)): the module runs on the host the task is delegated to (the head) and its answer
+      is returned as C(port); a failure of the module fails the task. Left out: no node is contacted."
+    type: dict
 extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
@@ -77,6 +83,11 @@ nodes:
     and its peers)."
   returned: always
   type: dict
+port:
+  description: "With I(port): C(port_check)'s answer on the head (C(holders), C(verdict), C(ours), and C(listener)
+    when it listened): what every worker's connect reads, and what stops the listener."
+  returned: with I(port)
+  type: dict
 ansible_facts:
   description: C(network_iface_uniform) (every node uses the same data interface name).
   returned: always
@@ -104,4 +115,13 @@ class ActionModule(bases.ControllerAction):
                     master_addr=str(args["master_addr"]), master_port=int(args["master_port"]),
                     ping=bases.need_dict(args.get("ping") or {}, "network_plan: 'ping'"))
         shared, nodes = netrecords.split_plan(plan)
-        return {"plan": shared, "nodes": nodes, "ansible_facts": {"network_iface_uniform": plan["uniform"]}}
+        out = {"plan": shared, "nodes": nodes, "ansible_facts": {"network_iface_uniform": plan["uniform"]}}
+        if args.get("port"):
+            port = dict(bases.need_dict(args["port"], "network_plan: 'port'", " (port_check's arguments)"),
+                        mode="inspect")
+            answer = self._execute_module(module_name="port_check", module_args=port, task_vars=task_vars)
+            answer.pop("invocation", None)
+            if answer.get("failed"):
+                return dict(out, failed=True, port=answer, msg="port_check on the head: %s" % answer.get("msg", ""))
+            out["port"] = answer
+        return out

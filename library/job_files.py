@@ -63,6 +63,14 @@ options:
     type: list
     elements: str
     default: []
+  latest_checkpoint:
+    description:
+      - "A training output directory: the latest complete checkpoint directly below it (module_utils/checkpoints.py
+        latest_complete_checkpoint, the resume point: C(checkpoint-N) with its completion marker, walked from one
+        descriptor of the directory without following a link the job planted) is returned as C(latest_checkpoint).
+        Read after everything else, in check mode too. Give it on the node where rank 0 saves (the head)."
+    type: path
+    default: ""
   roots:
     description:
       - "Trees the training job can write (the container's writable mount sources: output root, code directory,
@@ -115,6 +123,7 @@ links:
 globbed: {description: "C({pattern: [matches, sorted]}).", returned: always, type: dict}
 read: {description: "C({path: bytes, base64}) of each file matching I(read).", returned: always, type: dict}
 read_skipped: {description: "C({path: why}) of each match of I(read) not read (not a regular file, too large, gone).", returned: always, type: dict}
+latest_checkpoint: {description: "The latest complete checkpoint below I(latest_checkpoint) (C(\"\") for none).", returned: with I(latest_checkpoint), type: str}
 """
 
 import base64
@@ -125,6 +134,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
+from ansible_collections.trainyard.core.plugins.module_utils.checkpoints import latest_complete_checkpoint
 
 # A file read back (option read) or read before it is replaced (its diff and check-mode content): small files only.
 READ_MAX_BYTES = 1 << 20
@@ -328,6 +338,7 @@ def main():
             glob=dict(type="list", elements="str", default=[]),
             read=dict(type="list", elements="str", default=[]),
             roots=dict(type="list", elements="path", default=[]),
+            latest_checkpoint=dict(type="path", default=""),
         ),
         supports_check_mode=True,
     )
@@ -395,6 +406,8 @@ def main():
                 result["read_skipped"][path] = why
             else:
                 result["read"][path] = base64.b64encode(data).decode("ascii")
+        if module.params["latest_checkpoint"]:
+            result["latest_checkpoint"] = latest_complete_checkpoint(module.params["latest_checkpoint"]) or ""
     except (OSError, ValueError) as e:
         module.fail_json(msg=str(e), **result)
     finally:

@@ -131,6 +131,8 @@ CASES = [
       "cluster_output_root /srv/outputs", "Fix: put cluster_state_dir outside every mounted directory"]),
     ("var-differs-per-host", hosts(node2={"cluster_data_mtu": 1500}), gv(), [],
      ["Stop if cluster_data_mtu differs between trainers", "node2 = 1500"]),
+    ("deepspeed-differs-per-host", hosts(node3={"deepspeed_config_overrides": {"steps_per_print": 1}}), gv(), [],
+     ["Stop if deepspeed_config_overrides differs between trainers", "node3 = {'steps_per_print': 1}"]),
     ("bad-job-name", hosts(), gv(cluster_job_name="my job"), [], ["Stop if cluster_job_name is not a valid job name"]),
     ("reserved-fact", hosts(), gv(cluster_model={"node_rank": 0}), [],
      ["Stop if cluster_model is set in the inventory but is a fact computed by the role cluster"]),

@@ -153,3 +153,20 @@ def test_read_returns_regular_files_only_and_follows_no_link_at_the_end(tmp_path
     r = run({"read": [str(tmp_path / "job-ro" / "*")]})
     assert not r.get("failed"), r
     assert {k: base64.b64decode(v) for k, v in r["read"].items()} == {str(tmp_path / "job-ro" / "ds_config.json"): b"{}\n"}
+
+
+def test_latest_checkpoint_is_the_newest_complete_one_and_never_behind_a_link(tmp_path: Path):
+    out = tmp_path / "outputs"
+    for step, complete in ((100, True), (200, True), (300, False)):  # 300: a save cut short (no marker)
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (out / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere" / "checkpoint-900"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "trainer_state.json").write_text("{}")
+    (out / "checkpoint-900").symlink_to(elsewhere)  # planted by the job: never followed
+    for flags in ((), ("--check",)):
+        r = run({"latest_checkpoint": str(out)}, *flags)
+        assert not r.get("failed") and r["latest_checkpoint"] == str(out / "checkpoint-200"), r
+    assert run({"latest_checkpoint": str(tmp_path / "none")})["latest_checkpoint"] == ""
+    assert "latest_checkpoint" not in run({})

@@ -300,3 +300,29 @@ def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
     named = adhoc("network_plan", {"hosts": ["localhost"], "facts": "__network_facts", "head": "localhost",
                                    "head_address": "127.0.0.1", "master_addr": "127.0.0.1", "master_port": 1, "mtu": 0})
     assert named["failed"] and "'facts' must list each host's registered net_facts result" in named["msg"]
+
+
+def test_plan_action_asks_the_head_who_holds_the_port_and_listens_there_in_the_same_task():
+    plan = {"hosts": ["localhost"], "facts": [{}], "head": "localhost", "head_address": "127.0.0.1",
+            "master_addr": "127.0.0.1", "mtu": 0}
+    port = _port()
+    spec = {"port": port, "listen": True, "address": "127.0.0.1", "listen_seconds": 30, "expect": 1}
+    checked = adhoc("network_plan", dict(plan, master_port=port, port=spec), "--check")
+    assert checked["port"]["verdict"]["state"] == "free" and checked["port"]["listener"]["reason"] == "check mode"
+    r = adhoc("network_plan", dict(plan, master_port=port, port=spec))
+    assert r["plan"]["master_port"] == port and r["port"]["listener"]["listening"] is True, r
+    assert "invocation" not in r["port"]
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # the one expected connect ends it
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        held = adhoc("network_plan", dict(plan, master_port=s.getsockname()[1],
+                                          port=dict(spec, port=s.getsockname()[1])))
+        assert held["port"]["verdict"]["state"] == "other" and "listener" not in held["port"]
+    finally:
+        s.close()
+    # port_check's failure is the task's, naming where it ran
+    bad = adhoc("network_plan", dict(plan, master_port=port, port=dict(spec, port=70000)))
+    assert bad["failed"] and bad["msg"] == "port_check on the head: port 70000 is not a TCP port (1-65535)"
+    assert "port" not in adhoc("network_plan", dict(plan, master_port=port)), "no port: no node contacted"

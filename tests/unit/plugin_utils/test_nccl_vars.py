@@ -138,11 +138,6 @@ def test_argv_from_options_and_extras():
     assert render.argv({"--a": "x", "--b": "y"}, ["--b", "w"]) == ["--a", "x", "--b", "w"]
 
 
-def test_dict_diff_paths():
-    assert ds_config.diff_paths({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["a.c", "a.d"]
-    assert ds_config.diff_paths({"a": 1}, {"a": 1}) == []
-
-
 @pytest.mark.parametrize("zero,ft,overrides,status,variable", [
     ({"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}, "lora", {}, "pass", ""),
     ({"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}, "lora", {},

@@ -101,20 +101,17 @@ def test_deepspeed_consistent_record_pass_fail_missing_and_skip():
         rc.DEEPSPEED_WRITE_TASK: {"changed": True}}
 
 
-def test_deepspeed_write_refuses_lora_without_gather_a_differing_config_and_a_rejected_one():
+def test_deepspeed_write_refuses_lora_without_gather_and_a_rejected_config():
     lora_ok, lora_bad = {"status": "pass"}, {"status": "fail", "detail": "LoRA under ZeRO-3 saves an empty adapter",
                                              "variable": "deepspeed_config_gather_16bit_weights_on_model_save"}
-    good = {"ok": True, "errors": [], "differs": []}
-    assert dv.refusals("n1", lora_ok, good, "n0") == []
-    assert dv.refusals("n1", lora_bad, good, "n0") == [
-        "n1: LoRA under ZeRO-3 saves an empty adapter; remove deepspeed_config_gather_16bit_weights_on_model_save or "
+    good = {"ok": True, "errors": []}
+    assert dv.refusals(lora_ok, good) == []
+    assert dv.refusals(lora_bad, good) == [
+        "LoRA under ZeRO-3 saves an empty adapter; remove deepspeed_config_gather_16bit_weights_on_model_save or "
         "set it to true."]
-    differs = dv.refusals("n1", lora_ok, {"ok": True, "errors": [], "differs": ["steps_per_print"]}, "n0")
-    assert differs == ["n1: the DeepSpeed config differs from n0's at steps_per_print; look for host_vars/group_vars "
-                       "deepspeed_config_* set for some nodes only: every rank must run with the same config."]
-    rejected = {"ok": False, "errors": ["a: bad", "b: bad"], "differs": []}
-    assert dv.refusals("n1", lora_ok, rejected, "n0") == ["n1: a: bad; b: bad"]
-    assert dv.refusals("n1", lora_ok, rejected, "n0", enabled=False) == []
+    rejected = {"ok": False, "errors": ["a: bad", "b: bad"]}
+    assert dv.refusals(lora_ok, rejected) == ["a: bad; b: bad"]
+    assert dv.refusals(lora_ok, rejected, enabled=False) == []
 
 
 def test_train_args_launch_facts():

@@ -197,6 +197,22 @@ def test_the_path_proofs_settings_are_one_per_cluster():
     assert run(hv) == []  # the value set on n3 is the default the others take
 
 
+def test_the_deepspeed_config_is_one_per_cluster_but_where_its_file_goes():
+    # the config is built and validated once per play: a per-node value would be ignored, so it stops here
+    hv = three(deepspeed_config_steps_per_print=10)
+    hv["n3"]["deepspeed_config_overrides"] = {"steps_per_print": 1}
+    (line,) = run(hv)
+    assert "deepspeed_config_overrides differs between trainers" in line and "n1, n2 = {} (default)" in line
+    assert "n3 = {'steps_per_print': 1}" in line and "once for the cluster" in line
+    hv["n3"].pop("deepspeed_config_overrides")
+    hv["n2"]["deepspeed_config_steps_per_print"] = 100
+    (line,) = run(hv)
+    assert "deepspeed_config_steps_per_print differs between trainers" in line and "n2 = 100" in line
+    hv["n2"]["deepspeed_config_steps_per_print"] = 10
+    hv["n2"]["deepspeed_config_dir"] = "/srv/other/job-ro"  # where the file goes may differ, as cluster_state_dir
+    assert run(hv) == []
+
+
 def test_reserved_facts_are_refused():
     (line,) = run(three(network_iface="eth1"))
     assert "network_iface is set in the inventory but is a fact computed by the role network" in line

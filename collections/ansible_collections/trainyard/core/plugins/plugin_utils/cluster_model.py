@@ -43,6 +43,9 @@ PER_HOST_CLUSTER_VARS = frozenset({"cluster_data_iface", "cluster_output_root", 
 ONE_PER_CLUSTER_VARS = frozenset({"network_path_wait_s", "network_path_retries", "network_path_workers",
                                   "network_connect_timeout_s", "network_path_mtu_full_mesh_max",
                                   "network_path_mtu_samples", "network_path_mtu_seed"})
+# The DeepSpeed config is built and validated once for the play (roles/deepspeed_config/tasks/build.yml): every rank
+# runs with the same config, so each deepspeed_config_* value is one for the cluster too, except where the file goes.
+PER_HOST_DEEPSPEED_VARS = frozenset({"deepspeed_config_dir", "deepspeed_config_path"})
 MTU_RANGE = (1280, 9216)
 PORT_RANGE = (1024, 65535)
 # Interface names (regular expressions, full match) never the data interface: module_utils/netcheck.py's list.
@@ -532,14 +535,13 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
     problems += _check_addresses(hosts, hostvars)
 
     # ---- cluster variables (and the role variables read once per play): uniform across nodes, then their values
-    cluster_vars = sorted({v for h in hosts for v in (hostvars.get(h) or {})
-                           if v.startswith("cluster_") or v in ONE_PER_CLUSTER_VARS})
+    cluster_vars = sorted({v for h in hosts for v in (hostvars.get(h) or {}) if one_per_cluster(v)})
     for var in cluster_vars:
-        if var in PER_HOST_CLUSTER_VARS or var in removed or var in reserved:
+        if var in removed or var in reserved:
             continue
         seen: dict[str, list[str]] = {}
         default = (defaults.get(var) if var.startswith("cluster_")
-                   else ((specs.get(var.split("_", 1)[0]) or {}).get(var) or {}).get("default"))
+                   else ((specs.get(holder.get(var, "")) or {}).get(var) or {}).get("default"))
         by_default: set[str] = set()
         for h in hosts:
             hv = hostvars.get(h) or {}
@@ -561,6 +563,16 @@ def validate(groups: Mapping[str, list], hostvars: Mapping[str, Mapping], roles:
 
     merged = merge(problems)
     return [p.line(hosts) for p in merged]
+
+
+def one_per_cluster(var: str) -> bool:
+    """Whether `var` must have one value on every trainer: the cluster_* values but the node-local ones, the role
+    variables a play reads once for every node, and the DeepSpeed config's."""
+    if var.startswith("cluster_"):
+        return var not in PER_HOST_CLUSTER_VARS
+    if var.startswith("deepspeed_config_"):
+        return var not in PER_HOST_DEEPSPEED_VARS
+    return var in ONE_PER_CLUSTER_VARS
 
 
 def _check_across_roles(hosts: list[str], typed: Mapping[str, Mapping], specs: Mapping[str, Mapping]) -> list[Problem]:

@@ -2,7 +2,7 @@
 """DeepSpeed configs the user brings: field aliases, "auto" fillers, and merging the product's additions.
 
 Pure functions, stdlib only, used on the controller by action_plugins/deepspeed_validate.py (building
-ds_config.json, once per distinct config the "auto" rules and the comparison of the nodes); unit-tested in tests/unit/actions/test_byo.py against
+ds_config.json once per play, and the "auto" rules); unit-tested in tests/unit/actions/test_byo.py against
 DeepSpeed's own classes and a corpus of real configs (tests/data/byo/deepspeed/).
 
 Where the tables come from:
@@ -33,7 +33,6 @@ Where the tables come from:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.did_you_mean import nearest
@@ -308,18 +307,6 @@ def auto_errors(config, filler, source="the config"):
     return errors
 
 
-def diff_paths(base, other, prefix=""):
-    """Dotted paths where two nested dicts differ (for naming the host whose config differs)."""
-    paths: list[str] = []
-    if isinstance(base, dict) and isinstance(other, dict):
-        for key in sorted(set(base) | set(other), key=str):
-            paths += diff_paths(base.get(key, "<absent>"), other.get(key, "<absent>"),
-                                     f"{prefix}.{key}" if prefix else str(key))
-    elif base != other:
-        paths.append(prefix or "<root>")
-    return paths
-
-
 GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                "stage3_gather_fp16_weights_on_model_save")
 GATHER_VAR = "deepspeed_config_gather_16bit_weights_on_model_save"
@@ -453,19 +440,3 @@ def render(generated, overrides=None, base_file="", base_text="", wants=None, fi
     built["label"], built["drift"] = ((f"from {base_file}", "file " + base_file.rsplit("/", 1)[-1]) if base_file
                                       else (f"profile {profile}", profile))
     return built
-
-
-def compare(hosts, contents):
-    """The nodes' texts side by side, O(n): {digest: {host: sha256}, distinct: {digest: its first host}, majority,
-    differs: {host: [dotted paths where it differs from the first host]}}."""
-    hosts, contents = list(hosts), list(contents)
-    digests = {h: hashlib.sha256(c.encode("utf-8")).hexdigest() for h, c in zip(hosts, contents)}
-    distinct, counts = {}, {}
-    for h in hosts:
-        distinct.setdefault(digests[h], h)
-        counts[digests[h]] = counts.get(digests[h], 0) + 1
-    majority = max(counts, key=lambda d: (counts[d], -hosts.index(distinct[d]))) if counts else ""
-    first = json.loads(contents[0]) if hosts else {}
-    by = dict(zip(hosts, contents))
-    differs = {h: diff_paths(first, json.loads(by[h])) for h in hosts if digests[h] != digests[hosts[0]]}
-    return {"digest": digests, "distinct": distinct, "majority": majority, "differs": differs}
