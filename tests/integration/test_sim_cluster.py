@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 
-from helpers import parse_recap, run_playbook
+from helpers import REPO, SIM, load, parse_recap, run_playbook
 
 
 def test_nodes_are_separate(cluster):
@@ -57,3 +58,23 @@ def test_data_mtu_per_node_while_ansible_keeps_working(cluster):
     large = cluster.exec(head, ["ping", "-M", "do", "-c", "1", "-W", "2", "-s", "8972", cluster.data[worker]],
                          check=False)
     assert large.returncode == 0, large.stdout
+
+
+def test_a_cluster_whose_networks_alone_were_left_comes_up_again():
+    """A removal cut short leaves the cluster's networks without its containers: up removes them and starts over."""
+    name = f"lf{uuid.uuid4().hex[:6]}"
+    label = f"trainyard.sim={name}"
+    mgmt, _ = load("tests/sim/simcluster.py", "simcluster_for_test").subnets(name)  # the subnet up would take
+    subprocess.run(["docker", "network", "create", "--label", label, "--subnet", str(mgmt), f"{name}-mgmt"],
+                   check=True, capture_output=True)
+    try:
+        up = subprocess.run([*SIM, "up", "--name", name, "--nodes", "1", "--kind", "light"], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"cluster '{name}' exists; recreating it" in up.stdout + up.stderr
+    finally:
+        down = subprocess.run([*SIM, "down", "--name", name], cwd=REPO, capture_output=True, text=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    left = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"label={label}"], capture_output=True,
+                          text=True, check=True)
+    assert left.stdout.split() == []

@@ -761,7 +761,25 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 
 def existing(name: str) -> bool:
-    return bool(docker("ps", "-aq", "--filter", f"label={LABEL}={name}").stdout.split())
+    """Anything of the cluster left: its containers, or its networks alone (a removal cut short)."""
+    flt = f"label={LABEL}={name}"
+    return bool(docker("ps", "-aq", "--filter", flt).stdout.split()
+                or docker("network", "ls", "-q", "--filter", flt).stdout.split())
+
+
+def remove_networks(networks: list[str], tries: int = 5) -> None:
+    """docker network rm, again while the engine still counts an endpoint of a container just removed (it answers
+    "has active endpoints" for a moment after docker rm); then the engine's message and what clears it."""
+    for i in range(tries):
+        left = [n for n in networks if docker("network", "rm", n, check=False).returncode != 0
+                and docker("network", "inspect", n, check=False).returncode == 0]
+        if not left:
+            return
+        networks = left
+        time.sleep(1 + i)
+    raise SystemExit(f"docker could not remove the networks {', '.join(networks)}: the engine still counts an "
+                     "endpoint on them with no container attached. Restart the engine (make engine after stopping "
+                     "dockerd), then run simcluster.py down again.")
 
 
 def cmd_down(args: argparse.Namespace) -> None:
@@ -772,7 +790,7 @@ def cmd_down(args: argparse.Namespace) -> None:
         docker("rm", "-f", "-v", *containers)
     networks = docker("network", "ls", "-q", "--filter", flt).stdout.split()
     if networks:
-        docker("network", "rm", *networks)
+        remove_networks(networks)
     volumes = docker("volume", "ls", "-q", "--filter", flt).stdout.split()
     if volumes:
         docker("volume", "rm", "-f", *volumes)
