@@ -8,10 +8,14 @@ DOCUMENTATION = r"""
 module: preflight_check
 short_description: Record a preflight check result for the preflight report
 description:
-  - Appends one record (host, check, status, detail, fix, data, run) to the host fact C(preflight_results).
-  - Ansible caches facts returned by actions in the fact cache, so each record carries the id of the run
-    (C(_cluster_run_id), set on localhost by the validate play); records of other runs are dropped here and
-    ignored by the report.
+  - Appends one record (host, check, status, detail, fix, data, run) to the host variable C(preflight_results); a
+    later record of the same check replaces the earlier one.
+  - The task returns its new records as C(preflight_records); the callback C(preflight_records) merges them into
+    C(preflight_results) in ansible-playbook's own process, a variable set as C(set_fact) sets one, not a fact
+    (plugin_utils/check_records.py says why). Without that callback, or in a C(no_log) task, the merged list is
+    returned as the fact C(preflight_results).
+  - Each record carries the id of the run (C(_cluster_run_id), set on localhost by the validate play), since a fact
+    cache kept between runs may hold an earlier run's records; they are dropped here and ignored by the report.
   - Runs on the controller only; the host is not contacted.
   - A failed check is printed at once (C(<node>) C(<check>) C(FAIL) C(<detail>) and its fix), so the first failure is on
     the screen seconds into a run; the run goes on and the report still lists every failure at the end.
@@ -109,12 +113,12 @@ from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.utils.display import Display
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, check_records
 
 display = Display()
 
 _STATUSES = ("pass", "fail", "warn", "skip", "pending")
-FACT = "preflight_results"
+FACT = check_records.VAR
 
 
 def _run_id(task_vars):
@@ -166,20 +170,24 @@ class ActionModule(bases.ControllerAction):
         records = [dict(self._record(spec, host), run=run) for spec in specs]
         if self._task.check_mode or getattr(self._play_context, "check_mode", False):
             records = self._pending(records, specs, args)
-        names = {r["check"] for r in records}
         for r in records:
             if r["status"] == "fail":
                 display.display("%s: %s FAIL: %s%s" % (host, r["check"], r["detail"],
                                                       "\n    fix: " + r["fix"] if r["fix"] else ""),
                                 color=C.COLOR_ERROR)
-        # With a persistent fact cache Ansible keeps facts returned by any action but set_fact between runs, so the
-        # list may hold an earlier run's records: keep only this run's.
-        previous = [r for r in task_vars.get(FACT) or []
-                    if isinstance(r, dict) and r.get("check") not in names and r.get("run") == run]
+        facts = self._publish(args.get("publish"))
+        if not check_records.callback_keeps_records():
+            # No callback keeps them (plugin_utils/check_records.py): the records go in the fact, merged here. With a
+            # persistent fact cache Ansible keeps facts returned by any action but set_fact between runs, so the
+            # list may hold an earlier run's records: merge keeps only this run's.
+            facts = dict(facts, **{FACT: check_records.merge(task_vars.get(FACT), records, run)})
+        elif self._task.no_log:
+            # The callbacks see a no_log result censored: the records reach the callback through the fact cache.
+            facts = dict(facts, **{check_records.HIDDEN: records})
         return dict(
             preflight_record=records[-1] if records else {},
             preflight_records=records,
-            ansible_facts=dict(self._publish(args.get("publish")), **{FACT: previous + records}),
+            ansible_facts=facts,
             _ansible_facts_cacheable=False,
         )
 

@@ -161,6 +161,14 @@ class CallbackModule(bases.AlwaysLoadedCallback):
         self._vm = None
         self._plans = {}
 
+    def v2_playbook_on_start(self, playbook):
+        # Outside --check nothing is planned (playbooks/plan.yml, whose plays are in check mode, stops first without
+        # it). Switched off then, the callback costs nothing per result: Ansible copies every result, deeply, for
+        # each callback that takes the event, before the callback looks at it.
+        from ansible import context
+        if not context.CLIARGS.get("check"):
+            self.disabled = True
+
     def v2_playbook_on_play_start(self, play):
         self._vm = play.get_variable_manager()
 
