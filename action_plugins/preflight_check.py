@@ -12,8 +12,9 @@ description:
     later record of the same check replaces the earlier one.
   - The task returns its new records as C(preflight_records); the callback C(preflight_records) merges them into
     C(preflight_results) in ansible-playbook's own process, a variable set as C(set_fact) sets one, not a fact
-    (plugin_utils/check_records.py says why). Without that callback, or in a C(no_log) task, the merged list is
-    returned as the fact C(preflight_results).
+    (plugin_utils/check_records.py says why). Without that callback the merged list is returned as the fact
+    C(preflight_results); a C(no_log) task, whose result the callbacks see censored, returns its new records as the
+    fact C(_preflight_records_no_log), which the callback reads.
   - Each record carries the id of the run (C(_cluster_run_id), set on localhost by the validate play), since a fact
     cache kept between runs may hold an earlier run's records; they are dropped here and ignored by the report.
   - Runs on the controller only; the host is not contacted.
