@@ -122,6 +122,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
+from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
 
 display = Display()
 
@@ -133,8 +134,13 @@ class ActionModule(ActionBase):
         return self._execute_module(module_name="cluster_lock", module_args=args, task_vars=task_vars)
 
     def run(self, tmp=None, task_vars=None):
+        result = self._guard(tmp, task_vars or {})
+        # cluster_lock_token as a host variable (plugin_utils/check_records.py, publish), not a fact
+        return check_records.publish(result, check_records.task_hosts(self._task, task_vars or {}),
+                                     bool(self._task.no_log))
+
+    def _guard(self, tmp, task_vars):
         result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
         lk = cluster_lock
         a = self._task.args
         path = a.get("path")

@@ -85,7 +85,7 @@ class ActionModule(bases.ControllerAction):
         host = task_vars.get("inventory_hostname")
         required = str(self.var(task_vars, "fabricmanager_required", "auto"))
         service_name = str(self.var(task_vars, "fabricmanager_service_name", "nvidia-fabricmanager"))
-        probe = (task_vars.get("ansible_facts") or {}).get("trainyard_init")
+        probe = task_vars.get("trainyard_init")  # the cluster role's host probe, when it ran
         known = "nvidia_gpu_facts" in task_vars
         state = args.get("state")
         if state is None:

@@ -1,13 +1,14 @@
 # -*- coding: utf-8 -*-
 """Action of the host_facts module: the controller's clock just before and just after the module runs, so the one
 round trip that reads the host basics also measures the node's clock offset (the midpoint of the window) and its
-error bound (half the window)."""
+error bound (half the window). The module's trainyard_init is published as a host variable, not a fact."""
 
 from __future__ import annotations
 
 import time
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
 
 
 class ActionModule(ActionBase):
@@ -21,4 +22,6 @@ class ActionModule(ActionBase):
         after = time.time()
         if isinstance(result.get("time"), float):
             result["clock"] = {"offset": result["time"] - (before + after) / 2, "uncertainty": (after - before) / 2}
-        return result
+        # trainyard_init as a host variable, not a fact (plugin_utils/check_records.py, publish)
+        return check_records.publish(result, check_records.task_hosts(self._task, task_vars or {}),
+                                     bool(self._task.no_log))

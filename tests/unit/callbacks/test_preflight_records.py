@@ -85,7 +85,29 @@ PLAYBOOK = """
         check: t.secret2
         ok: false
       no_log: true
-    - name: A no_log task that records nothing (the fact of the last one is still there)
+    - name: Publish a value
+      preflight_check:
+        check: t.pub
+        ok: true
+        publish: {t_pub: one, t_later: first}
+    - name: Publish once for every node (run_once)
+      preflight_check:
+        check: t.once
+        ok: true
+        publish: {t_once: "{{ inventory_hostname }}"}
+      run_once: true
+    - name: Publish in a no_log task
+      preflight_check:
+        check: t.pub_secret
+        ok: true
+        publish: {t_secret: hidden-value, t_later: second}
+      no_log: true
+    - name: Publish again (later than the no_log value)
+      preflight_check:
+        check: t.pub_again
+        ok: true
+        publish: {t_later: third}
+    - name: A no_log task that records nothing (the facts of the no_log tasks above are still there)
       ansible.builtin.debug:
         msg: hidden
       no_log: true
@@ -95,8 +117,14 @@ PLAYBOOK = """
     - name: Show
       ansible.builtin.debug:
         msg: "RESULT {{ {'records': preflight_results, 'fact': ansible_facts.preflight_results | default(none),
-                          'report': hostvars[inventory_hostname].preflight_results | length} | to_json }}"
+                          'report': hostvars[inventory_hostname].preflight_results | length,
+                          'published': [t_pub, t_once, t_secret, t_later, hostvars['n2'].t_once],
+                          'pub_fact': ansible_facts.t_pub | default(none)} | to_json }}"
 """
+
+
+CHECKS = [("t.two", "pass"), ("t.one", "pass"), ("t.three", "pass"), ("t.secret", "pass"), ("t.secret2", "fail"),
+          ("t.pub", "pass"), ("t.once", "pass"), ("t.pub_secret", "pass"), ("t.pub_again", "pass")]
 
 
 def _play(tmp_path, **env):
@@ -104,9 +132,10 @@ def _play(tmp_path, **env):
     pb.write_text(PLAYBOOK)
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env)
     env.pop("TRAINYARD_RECORDS_CALLBACK", None)
-    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "n1,", "-c", "local",
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "n1,n2,", "-c", "local",
                         "-e", f"ansible_python_interpreter={sys.executable}", str(pb)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert "hidden-value" not in r.stdout.split("TASK [Show]")[0] + r.stderr  # until it is shown on purpose
     line = next((ln for ln in r.stdout.splitlines() if "RESULT " in ln), None)
     assert line, r.stdout + r.stderr
     return json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
@@ -114,15 +143,41 @@ def _play(tmp_path, **env):
 
 def test_the_callback_keeps_the_records_as_a_variable_not_a_fact(tmp_path):
     got = _play(tmp_path)
-    assert [(r["check"], r["status"]) for r in got["records"]] == [
-        ("t.two", "pass"), ("t.one", "pass"), ("t.three", "pass"), ("t.secret", "pass"), ("t.secret2", "fail")]
-    assert got["report"] == 5  # hostvars reads it too, across plays
+    assert [(r["check"], r["status"]) for r in got["records"]] == CHECKS
+    assert got["report"] == len(CHECKS)  # hostvars reads it too, across plays
     assert got["fact"] is None  # not a fact
 
 
-def test_without_the_callback_the_records_are_a_fact_as_before(tmp_path):
-    # An ansible.cfg without the project's callback_plugins: preflight_check merges the list itself.
-    got = _play(tmp_path, ANSIBLE_CALLBACK_PLUGINS=str(tmp_path / "none"))
-    assert [(r["check"], r["status"]) for r in got["records"]] == [
-        ("t.two", "pass"), ("t.one", "pass"), ("t.three", "pass"), ("t.secret", "pass"), ("t.secret2", "fail")]
+def test_the_callback_sets_published_values_as_variables_not_facts(tmp_path):
+    # The run_once value on every node, the no_log value through its fact once (a later no_log task of another
+    # module finds that fact still there: the later value stays).
+    got = _play(tmp_path)
+    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1"]
+    assert got["pub_fact"] is None
+
+
+def test_without_the_callback_the_records_and_values_are_facts_as_before(tmp_path):
+    # An ansible.cfg without the project's callback_plugins and with Ansible's default injection of facts (as
+    # molecule's): preflight_check merges the list itself, the values are facts read by their names.
+    got = _play(tmp_path, ANSIBLE_CALLBACK_PLUGINS=str(tmp_path / "none"), ANSIBLE_INJECT_FACT_VARS="True")
+    assert [(r["check"], r["status"]) for r in got["records"]] == CHECKS
     assert got["fact"] == got["records"]
+    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1"]
+    assert got["pub_fact"] == "one"
+
+
+def test_publish_hands_the_values_to_the_callback_and_keeps_the_records_fallback(monkeypatch):
+    monkeypatch.setenv(cr.CALLBACK_ENV, str(os.getppid()))
+    out = cr.publish({"ansible_facts": {"a": 1, cr.HIDDEN: [rec("c.one")]}, "x": 2}, ["n1", "n2"], no_log=False)
+    assert out == {"ansible_facts": {cr.HIDDEN: [rec("c.one")]}, "x": 2,
+                   cr.PUBLISH_KEY: {"hosts": ["n1", "n2"], "vars": {"a": 1}}}
+    assert cr.published(out) == {"n1": {"a": 1}, "n2": {"a": 1}}
+    assert cr.published({"results": [out, {"skipped": True}]}) == {"n1": {"a": 1}, "n2": {"a": 1}}
+    assert cr.publish({"ansible_facts": {}}, ["n1"], no_log=False) == {}  # no empty entry in the fact cache
+    hidden = cr.publish({"ansible_facts": {"s": "v"}}, ["n1"], no_log=True)
+    assert cr.PUBLISH_KEY not in hidden and hidden["ansible_facts"][cr.HIDDEN_VARS]["vars"] == {"s": "v"}
+    k = cr.Keeper()
+    assert k.hidden_vars("n1", hidden["ansible_facts"]) == {"n1": {"s": "v"}}
+    assert k.hidden_vars("n1", hidden["ansible_facts"]) == {}  # the same fact again: already set
+    monkeypatch.delenv(cr.CALLBACK_ENV)
+    assert cr.publish({"ansible_facts": {"a": 1}}, ["n1"], no_log=False) == {"ansible_facts": {"a": 1}}

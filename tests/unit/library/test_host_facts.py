@@ -1,5 +1,5 @@
-"""library/host_facts.py run by the real `ansible` on this machine: the probe's answers, and the init-system fact
-the later roles of a run read instead of probing again."""
+"""library/host_facts.py run by the real `ansible` on this machine: the probe's answers, and trainyard_init (what
+the later roles of a run read instead of probing again), published by the action as a host variable, not a fact."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ import sys
 from helpers import adhoc
 
 
+def init_of(r):
+    """trainyard_init as the action published it for the callback preflight_records (the run's ansible.cfg loads it)."""
+    assert "ansible_facts" not in r and r["trainyard_vars"]["hosts"] == ["localhost"], r
+    return r["trainyard_vars"]["vars"]["trainyard_init"]
+
+
 def test_probe_answers_and_publishes_the_init_system(tmp_path):
     r = adhoc("host_facts", {"paths": [str(tmp_path / "not" / "yet")]})
     assert not r.get("failed"), r
     assert r["python"]["executable"] == sys.executable
     assert r["paths"][0]["probed"] == str(tmp_path) and r["paths"][0]["exists"] is False
-    init = r["ansible_facts"]["trainyard_init"]
+    init = init_of(r)
     assert init["systemd"] is os.path.isdir("/run/systemd/system")
     assert init["pid1"] == open("/proc/1/comm").read().strip()
 
@@ -23,12 +29,12 @@ def test_one_call_measures_the_clock_offset_and_says_whether_nvidiactl_exists():
     r = adhoc("host_facts", {"paths": []})
     clock = r["clock"]  # the action's controller readings around the module: same clock here, offset ~ 0
     assert 0 <= clock["uncertainty"] < 60 and abs(clock["offset"]) <= clock["uncertainty"] + 0.01, clock
-    assert r["ansible_facts"]["trainyard_init"]["nvidiactl"] is os.path.exists("/dev/nvidiactl")
+    assert init_of(r)["nvidiactl"] is os.path.exists("/dev/nvidiactl")
 
 
 def test_probe_says_whether_the_node_is_a_container():
     r = adhoc("host_facts", {"paths": []})
-    init = r["ansible_facts"]["trainyard_init"]
+    init = init_of(r)
     here = os.path.exists("/.dockerenv")
     assert (init["container"] == "docker") is here, init
     assert ("/.dockerenv" in init["container_evidence"]) is here

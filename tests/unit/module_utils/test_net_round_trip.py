@@ -55,7 +55,9 @@ def test_net_facts_sets_the_mtu_only_where_it_differs_and_not_in_check_mode(netn
     assert subprocess.run(mtu_now, capture_output=True, text=True).stdout.strip() == "1500"
     first = in_netns(netns, "net_facts", args)
     assert first["changed"] and first["selected"]["iface"] == "tya" and first["selected"]["mtu"] == 1400, first
-    assert first["ansible_facts"] == {"network_iface": "tya", "network_address": "198.51.100.1", "_network_mtu": 1400}
+    # Published as host variables (the action net_facts, for the callback preflight_records), not facts.
+    assert first["trainyard_vars"]["vars"] == {"network_iface": "tya", "network_address": "198.51.100.1",
+                                               "_network_mtu": 1400} and "ansible_facts" not in first, first
     assert subprocess.run(mtu_now, capture_output=True, text=True).stdout.strip() == "1400"
     again = in_netns(netns, "net_facts", args)
     assert not again["changed"] and again["mtu_set"]["changed"] is False
@@ -250,7 +252,7 @@ def test_checks_connect_to_the_rendezvous_port_in_one_call_and_record_every_chec
     assert recs["network.rendezvous_reach"]["detail"].startswith(f"localhost -> 127.0.0.1:{port} connected")
     assert recs["network.mtu"]["status"] == "fail" and r["probes"] == {}
     # The records go to the callback preflight_records (the run's ansible.cfg loads it), not in a fact.
-    assert "preflight_results" not in r["ansible_facts"], r
+    assert "ansible_facts" not in r, r
 
 
 def test_checks_in_check_mode_leave_the_mtu_pending_on_the_probe_and_a_refused_connect_fails():
@@ -294,7 +296,7 @@ def test_plan_action_reads_the_nodes_once_and_sets_whether_their_names_agree():
     assert plan["nodes"] == 1 and plan["head_in_play"] and plan["expected"] is None and "peers" not in plan
     assert plan["measure"] and plan["uniformity"] == "every node uses no interface"
     assert plan["head_address"] == "127.0.0.1" and plan["ping"] == {"wait": 1, "connect_timeout": 2}
-    assert r["ansible_facts"] == {"network_iface_uniform": True}
+    assert r["trainyard_vars"] == {"hosts": ["localhost"], "vars": {"network_iface_uniform": True}}, r
     missing = adhoc("network_plan", {"hosts": ["localhost"], "facts": [{}], "head": "localhost"})
     assert missing["failed"] and missing["msg"] == "network_plan: 'head_address' is required"
     # A registered result's name where the values go is refused with what to pass.

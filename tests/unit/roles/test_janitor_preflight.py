@@ -14,8 +14,8 @@ from helpers import BIN, REPO
 
 
 def play(tmp_path: Path, janitor_mode: str, init: dict | None) -> tuple[int, list]:
-    # cacheable: a host fact (ansible_facts.trainyard_init), as the cluster role's host probe returns it.
-    pre = [{"ansible.builtin.set_fact": {"trainyard_init": init, "cacheable": True}, "tags": ["always"]}] \
+    # A host variable, as the cluster role's host probe publishes it (plugin_utils/check_records.py, publish).
+    pre = [{"ansible.builtin.set_fact": {"trainyard_init": init}, "tags": ["always"]}] \
         if init is not None else []
     (tmp_path / "play.yml").write_text(json.dumps([{
         "hosts": "localhost", "gather_facts": False, "vars": {"janitor_mode": janitor_mode},

@@ -9,6 +9,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.plugins.callback import CallbackBase
 
+from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
+
 
 class ControllerAction(ActionBase):
     """Subclasses write decide(args, task_vars): the result's keys (failed and msg when it fails), or
@@ -24,7 +26,12 @@ class ControllerAction(ActionBase):
         result = super().run(tmp, task_vars)
         result["changed"] = False
         result.update(self.decide(self._task.args, task_vars or {}))
-        return result
+        return self.publish(result, task_vars or {})
+
+    def publish(self, result, task_vars):
+        """result with the values it publishes (ansible_facts) handed to the callback preflight_records as host
+        variables (plugin_utils/check_records.py, publish)."""
+        return check_records.publish(result, check_records.task_hosts(self._task, task_vars), bool(self._task.no_log))
 
     def var(self, task_vars, name, default=None):
         """A variable of this host, templated (an inventory value may be a template); default when unset."""

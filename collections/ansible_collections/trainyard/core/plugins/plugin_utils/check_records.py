@@ -16,6 +16,7 @@ through the fact ``HIDDEN``, which the callback reads for that task.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 
 VAR = "preflight_results"  # the host variable every reader uses (the report, the exclusion, recover, nccl_check)
@@ -24,6 +25,19 @@ CALLBACK_ENV = "TRAINYARD_RECORDS_CALLBACK"  # the PID of the ansible-playbook w
 # A no_log task's new records, as a fact: Ansible hands the callbacks a no_log result censored, but stores its facts
 # first. The fact stays until the next no_log recording task: Keeper.hidden takes only what it does not hold yet.
 HIDDEN = "_preflight_records_no_log"
+
+
+# The values a task publishes for later tasks (network_iface, nvidia_gpu_facts, nccl_env_file, train_args_argv, ...),
+# kept out of the fact cache the same way: the project's ansible.cfg sets inject_facts_as_vars = False (ansible-core
+# 2.20 deprecates the injection, and injecting costs a copy of the host's facts at each computation of its
+# variables), so a value left a fact would be only ansible_facts.<name>. An action publishes through publish(): with
+# the callback, as PUBLISH_KEY, which the callback sets as host variables (as set_fact sets them); without it (an
+# ansible.cfg without the project's callback_plugins, where Ansible's default injects facts) as ansible_facts. Either
+# way every reader reads the top-level name.
+PUBLISH_KEY = "trainyard_vars"  # {"hosts": [names], "vars": {name: value}} in a task's result
+# A no_log task's published values, as a fact ({"nonce": str, "vars": {...}}): the callbacks see its result censored.
+# The nonce tells the callback a value it has already set from a value it has not.
+HIDDEN_VARS = "_trainyard_vars_no_log"
 
 
 def callback_keeps_records() -> bool:
@@ -64,6 +78,7 @@ class Keeper:
 
     def __init__(self):
         self.by_host: dict[str, list] = {}
+        self.nonces: set = set()  # the HIDDEN_VARS values already set
 
     def add(self, default_host: str, records) -> dict[str, list]:
         """Merge records (each under its own 'host', else default_host); returns {host: merged list} of the hosts
@@ -86,3 +101,53 @@ class Keeper:
         return [r for r in value if is_record(r) and r not in held and (not runs or r.get("run") in runs)] \
             if isinstance(value, list) else []
 
+    def hidden_vars(self, host: str, facts) -> dict:
+        """{host: values} of the fact HIDDEN_VARS in facts (a node's facts), when this run has not set them yet (the
+        fact outlives its task: a later no_log task of another module finds it still there)."""
+        value = facts.get(HIDDEN_VARS) if isinstance(facts, Mapping) else None
+        if not isinstance(value, Mapping) or not isinstance(value.get("vars"), Mapping) \
+                or value.get("nonce") in self.nonces:
+            return {}
+        self.nonces.add(value.get("nonce"))
+        return {host: dict(value["vars"])}
+
+
+def publish(result: dict, task_hosts, no_log: bool) -> dict:
+    """result with its ansible_facts (but this module's own facts: HIDDEN, and VAR, the records' fallback) handed to
+    the callback as PUBLISH_KEY for task_hosts (the task's node; every node of the play for a run_once task, as
+    Ansible gives a run_once task's facts to them all). Unchanged without the callback."""
+    facts = result.get("ansible_facts")
+    if not isinstance(facts, Mapping) or not callback_keeps_records():
+        return result
+    values = {k: v for k, v in facts.items() if k not in (VAR, HIDDEN)}
+    kept = {k: v for k, v in facts.items() if k in (VAR, HIDDEN)}
+    if values and no_log:
+        kept[HIDDEN_VARS] = {"nonce": secrets.token_hex(8), "vars": values}
+    elif values:
+        result[PUBLISH_KEY] = {"hosts": [str(h) for h in task_hosts], "vars": values}
+    if kept:
+        result["ansible_facts"] = kept
+    else:
+        result.pop("ansible_facts", None)  # not even an empty entry in the fact cache
+    return result
+
+
+def task_hosts(task, task_vars) -> list:
+    """The nodes a task's facts would go to: every active node of the play for a run_once task, else its own."""
+    if task.run_once:
+        return list(task_vars.get("ansible_play_hosts") or [task_vars.get("inventory_hostname")])
+    return [task_vars.get("inventory_hostname")]
+
+
+def published(result) -> dict:
+    """{host: {name: value}} that one task result publishes (each loop item's), {} when none."""
+    if not isinstance(result, Mapping):
+        return {}
+    items = result.get("results") if isinstance(result.get("results"), list) else [result]
+    out: dict = {}
+    for item in items:
+        pub = item.get(PUBLISH_KEY) if isinstance(item, Mapping) else None
+        if isinstance(pub, Mapping) and isinstance(pub.get("vars"), Mapping):
+            for host in pub.get("hosts") or []:
+                out.setdefault(str(host), {}).update(pub["vars"])
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ansible.module_utils.compat.version import LooseVersion
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
 
 GIB = 1073741824
 MIB = 1048576
@@ -183,7 +184,9 @@ def host_basics_records(probe, reference, opts):
         records.append(clock_record(probe, pf, reference))
     else:
         records.append({"check": "cluster.clock", "status": "skip", "detail": "no node's clock was measured"})
-    init = (probe.get("ansible_facts") or {}).get("trainyard_init") or {}
+    # the probe's trainyard_init, published (check_records.publish) or as the module returned it
+    init = ((probe.get(check_records.PUBLISH_KEY) or {}).get("vars") or probe.get("ansible_facts") or {}) \
+        .get("trainyard_init") or {}
     docker = probe["docker"]
     if init.get("container") is not None and not docker["reachable"] and not docker["cli"]:
         records.append(container_record(init, runtime, opts["container_enabled"]))
