@@ -107,6 +107,13 @@ PLAYBOOK = """
         check: t.pub_again
         ok: true
         publish: {t_later: third}
+    - name: Publish for the node delegated to (delegate_facts), recording nothing
+      preflight_check:
+        records: []
+        publish: {t_deleg: "from {{ inventory_hostname }}"}
+      delegate_to: n2
+      delegate_facts: true
+      when: inventory_hostname == 'n1'
     - name: A no_log task that records nothing (the facts of the no_log tasks above are still there)
       ansible.builtin.debug:
         msg: hidden
@@ -118,7 +125,8 @@ PLAYBOOK = """
       ansible.builtin.debug:
         msg: "RESULT {{ {'records': preflight_results, 'fact': ansible_facts.preflight_results | default(none),
                           'report': hostvars[inventory_hostname].preflight_results | length,
-                          'published': [t_pub, t_once, t_secret, t_later, hostvars['n2'].t_once],
+                          'published': [t_pub, t_once, t_secret, t_later, hostvars['n2'].t_once,
+                                        hostvars['n1'].t_deleg | default('none'), hostvars['n2'].t_deleg],
                           'pub_fact': ansible_facts.t_pub | default(none)} | to_json }}"
 """
 
@@ -152,7 +160,7 @@ def test_the_callback_sets_published_values_as_variables_not_facts(tmp_path):
     # The run_once value on every node, the no_log value through its fact once (a later no_log task of another
     # module finds that fact still there: the later value stays).
     got = _play(tmp_path)
-    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1"]
+    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1", "none", "from n1"]
     assert got["pub_fact"] is None
 
 
@@ -162,7 +170,7 @@ def test_without_the_callback_the_records_and_values_are_facts_as_before(tmp_pat
     got = _play(tmp_path, ANSIBLE_CALLBACK_PLUGINS=str(tmp_path / "none"), ANSIBLE_INJECT_FACT_VARS="True")
     assert [(r["check"], r["status"]) for r in got["records"]] == CHECKS
     assert got["fact"] == got["records"]
-    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1"]
+    assert got["published"] == ["one", "n1", "hidden-value", "third", "n1", "none", "from n1"]
     assert got["pub_fact"] == "one"
 
 

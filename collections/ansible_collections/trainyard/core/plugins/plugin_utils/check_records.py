@@ -133,7 +133,10 @@ def publish(result: dict, task_hosts, no_log: bool) -> dict:
 
 
 def task_hosts(task, task_vars) -> list:
-    """The nodes a task's facts would go to: every active node of the play for a run_once task, else its own."""
+    """The nodes a task's facts would go to, as Ansible chooses them: the delegated node for delegate_facts, every
+    active node of the play for a run_once task, else the task's own node."""
+    if task.delegate_to and task.delegate_facts:
+        return list(task_vars.get("ansible_delegated_vars") or [task.delegate_to])[:1]
     if task.run_once:
         return list(task_vars.get("ansible_play_hosts") or [task_vars.get("inventory_hostname")])
     return [task_vars.get("inventory_hostname")]
