@@ -136,8 +136,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = self._guard(tmp, task_vars or {})
         # cluster_lock_token as a host variable (plugin_utils/check_records.py, publish), not a fact
-        return check_records.publish(result, check_records.task_hosts(self._task, task_vars or {}),
-                                     bool(self._task.no_log))
+        return check_records.publish_task_result(result, self._task, task_vars)
 
     def _guard(self, tmp, task_vars):
         result = super().run(tmp, task_vars)

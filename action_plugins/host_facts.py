@@ -23,5 +23,4 @@ class ActionModule(ActionBase):
         if isinstance(result.get("time"), float):
             result["clock"] = {"offset": result["time"] - (before + after) / 2, "uncertainty": (after - before) / 2}
         # trainyard_init as a host variable, not a fact (plugin_utils/check_records.py, publish)
-        return check_records.publish(result, check_records.task_hosts(self._task, task_vars or {}),
-                                     bool(self._task.no_log))
+        return check_records.publish_task_result(result, self._task, task_vars)

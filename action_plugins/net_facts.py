@@ -15,5 +15,4 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         result.update(self._execute_module(module_name="net_facts", module_args=self._task.args,
                                            task_vars=task_vars))
-        return check_records.publish(result, check_records.task_hosts(self._task, task_vars or {}),
-                                     bool(self._task.no_log))
+        return check_records.publish_task_result(result, self._task, task_vars)

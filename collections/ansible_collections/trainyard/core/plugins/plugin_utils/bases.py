@@ -31,7 +31,7 @@ class ControllerAction(ActionBase):
     def publish(self, result, task_vars):
         """result with the values it publishes (ansible_facts) handed to the callback preflight_records as host
         variables (plugin_utils/check_records.py, publish)."""
-        return check_records.publish(result, check_records.task_hosts(self._task, task_vars), bool(self._task.no_log))
+        return check_records.publish_task_result(result, self._task, task_vars)
 
     def var(self, task_vars, name, default=None):
         """A variable of this host, templated (an inventory value may be a template); default when unset."""

@@ -142,6 +142,11 @@ def task_hosts(task, task_vars) -> list:
     return [task_vars.get("inventory_hostname")]
 
 
+def publish_task_result(result: dict, task, task_vars) -> dict:
+    """publish() for one task's result: the nodes Ansible would give its facts to, and its no_log."""
+    return publish(result, task_hosts(task, task_vars or {}), bool(task.no_log))
+
+
 def published(result) -> dict:
     """{host: {name: value}} that one task result publishes (each loop item's), {} when none."""
     if not isinstance(result, Mapping):
