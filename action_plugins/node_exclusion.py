@@ -115,7 +115,7 @@ import tempfile
 
 from ansible_collections.trainyard.core.plugins.module_utils import recover as rc
 from ansible_collections.trainyard.core.plugins.plugin_utils import bad_machines as bm
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, shards
 
 
 def _read(path):
@@ -144,6 +144,14 @@ def _write(path, text):
 
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
+        # In a sharded run (docs/sharding.md) one shard reads and writes the record and every shard takes its answer:
+        # the others would read the record it already wrote.
+        try:
+            return shards.once("exclude-decision", lambda: self.decide_here(args), shards.current())
+        except shards.ShardError as exc:
+            return dict(failed=True, msg="node_exclusion: %s" % exc)
+
+    def decide_here(self, args):
         path = os.path.abspath(str(args.get("record_path") or ""))
         model = dict(args.get("model") or {})
         failed = {}

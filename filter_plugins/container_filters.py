@@ -117,15 +117,21 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
                    "container_pull_always=true; pin container_image to repo@sha256:<digest> to stop drift"}
 
 
-def digest_verdicts(hostvars, hosts: list, image: str, pinned: str = "", check_mode: bool = False) -> dict:
-    """digest_verdict for every host of the play at once, each with the identity that host resolved, from the
-    registered results of the container role (the pull's image, else the read of verify.yml)."""
+def image_identities(hostvars, hosts: list, image: str, check_mode: bool = False) -> list:
+    """The identity of the image each host resolved (with its host), from the registered results of the container
+    role (the pull's image, else the read of verify.yml): what digest_verdicts compares, one entry per host."""
     fleet = []
     for h in hosts:
         hv = hostvars[h]
         pull, info = hv.get("__container_pull") or {}, hv.get("__container_image_info") or {}
         seen = pull.get("image") if (pull.get("image") and not check_mode) else next(iter(info.get("images") or []), None)
         fleet.append(dict(image_identity(seen, image), host=h))
+    return fleet
+
+
+def digest_verdicts(fleet: list, image: str, pinned: str = "") -> dict:
+    """digest_verdict for every host of fleet (image_identities of every node, of every shard in a sharded run) at
+    once, each with the identity that host resolved."""
     return {f["host"]: dict(digest_verdict(fleet, f["host"], image, pinned), id=f["id"], repo_digest=f["repo_digest"])
             for f in fleet}
 
@@ -336,6 +342,7 @@ class FilterModule:
     def filters(self):
         return {
             "container_size_bytes": size_bytes,
+            "container_image_identities": image_identities,
             "container_digest_verdicts": digest_verdicts,
             "container_image_registry": image_registry,
             "container_mounts_spec": mounts_spec,

@@ -100,14 +100,14 @@ def test_verdicts_for_the_whole_play_read_each_nodes_pull_or_its_image_read():
         "n3": {"__container_pull": {"image": {"Id": ID_A}}},
         "n4": {"__container_pull": {"skipped": True}, "__container_image_info": {"images": []}},
     }
-    v = cf.digest_verdicts(hostvars, ["n1", "n2", "n3", "n4"], IMG)
+    v = cf.digest_verdicts(cf.image_identities(hostvars, ["n1", "n2", "n3", "n4"], IMG), IMG)
     assert v["n1"]["ok"] and v["n1"]["id"] == ID_A and v["n1"]["repo_digest"] == DG_A
     assert not v["n2"]["ok"] and v["n2"]["hosts_differing"] == ["n2"] and v["n2"]["id"] == ID_B
     assert v["n3"]["ok"]
     assert not v["n4"]["ok"] and "not present on this node" in v["n4"]["detail"]
     # In check mode the pull did not happen: the node's own read is what it has.
     hostvars["n1"]["__container_image_info"] = {"images": [{"Id": ID_B}]}
-    assert cf.digest_verdicts(hostvars, ["n1", "n2", "n3"], IMG, check_mode=True)["n3"]["hosts_differing"] == ["n3"]
+    assert cf.digest_verdicts(cf.image_identities(hostvars, ["n1", "n2", "n3"], IMG, check_mode=True), IMG)["n3"]["hosts_differing"] == ["n3"]
 
 
 def test_no_majority_fails_every_node():

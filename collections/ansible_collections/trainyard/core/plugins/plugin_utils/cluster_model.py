@@ -1003,6 +1003,13 @@ def _check_node_counts(h: str, n: int, t: Mapping, specs: Mapping[str, Mapping])
         problems.append(Problem(f"cluster_min_nodes is outside 1..{n} ({n} trainers)",
                                 f"set cluster_min_nodes to the fewest nodes the job may continue on, 1 to {n}",
                                 "cluster_min_nodes", low, [h], True))
+    for var, floor, what in (("cluster_shard_nodes", 0, "the nodes one ansible-playbook process runs, 0 never splits"),
+                             ("cluster_shard_max", 0, "the most processes of a sharded run, 0 half the cores"),
+                             ("cluster_shard_wait_s", 1, "seconds a cross-node step waits for the other shards")):
+        value = t.get(var)
+        if isinstance(value, int) and not isinstance(value, bool) and value < floor:
+            problems.append(Problem(f"{var} is below {floor}", f"set {var} to {floor} or more ({what}; "
+                                    "docs/sharding.md)", var, value, [h], True))
     elastic = t.get("launch_nnodes_min")
     backend = t.get("launch_rdzv_backend", ((specs.get("launch") or {}).get("launch_rdzv_backend") or {})
                     .get("default", "static"))

@@ -1,0 +1,328 @@
+# -*- coding: utf-8 -*-
+"""A run split over several ``ansible-playbook`` processes (docs/sharding.md): which shard this process runs, and the
+exchange of every shard's values at a cross-node step.
+
+The parent run (the play "Split the run" of site.yml, action ``trainyard_shards``) starts one child
+``ansible-playbook`` per shard with, in its environment, ``TRAINYARD_SHARD=i/K`` and ``TRAINYARD_SHARD_DIR=<run
+dir>/shards``. In a child, each cross-node step passes its shard's values through ``union(step, value)`` (the filter
+``trainyard_shard_union``): the shard writes them to ``<shard dir>/exchange/<step>/<i>.json`` (write, then rename),
+waits until every shard has written that step or ended, and gets the union in shard order (lists concatenated, maps
+merged). Shards are contiguous ranges of the ranks, so the union is in rank order, and every shard computes the same
+answer from the same inputs. Outside a sharded run ``union`` returns its value unchanged: the one-process run reads
+``hostvars`` as it always did.
+
+A shard that ended (the parent writes ``ended/<i>.json`` with its exit code when the child exits, whatever the cause)
+contributes nothing to the steps it did not reach; a step waits at most ``TRAINYARD_SHARD_WAIT_S`` seconds (default
+1800) and then fails naming the shards that did not come. Pure file operations, unit-tested in
+tests/unit/plugin_utils/test_shards.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+ENV_SHARD = "TRAINYARD_SHARD"
+ENV_DIR = "TRAINYARD_SHARD_DIR"
+ENV_WAIT = "TRAINYARD_SHARD_WAIT_S"
+DEFAULT_WAIT_S = 1800.0
+PLAN = "shards.json"
+STEP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")
+
+
+class ShardError(RuntimeError):
+    """A sharded run cannot go on; the message names the shard, its nodes and its log."""
+
+
+class Shard:
+    """This process's place in a sharded run: index (0-based), count, the run's shard directory and the step
+    timeout."""
+
+    def __init__(self, index, count, root, wait_s=DEFAULT_WAIT_S):
+        self.index, self.count, self.root, self.wait_s = index, count, root, wait_s
+
+    def __repr__(self):
+        return f"Shard({self.index}/{self.count}, {self.root!r})"
+
+    @property
+    def leader(self):
+        """Shard 0 writes what the run writes once (the report)."""
+        return self.index == 0
+
+    def plan(self):
+        """The parent's plan ({"shards": [[node, ...], ...], ...}), read from <root>/shards.json."""
+        try:
+            with open(os.path.join(self.root, PLAN), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise ShardError(f"shard {self.index}/{self.count}: cannot read the run's shard plan "
+                             f"{os.path.join(self.root, PLAN)}: {e}") from None
+
+    def nodes(self, index=None):
+        shards = self.plan().get("shards") or []
+        i = self.index if index is None else index
+        return list(shards[i]) if 0 <= i < len(shards) else []
+
+    def describe(self, index):
+        """'shard 2 (nodes a..b, log <root>/2.log)'."""
+        nodes = self.nodes(index)
+        span = f"{nodes[0]}..{nodes[-1]}" if len(nodes) > 1 else (nodes[0] if nodes else "no nodes")
+        return f"shard {index} (nodes {span}, log {os.path.join(self.root, f'{index}.log')})"
+
+
+def current(environ=None):
+    """The Shard of this process, or None outside a sharded run. A malformed TRAINYARD_SHARD raises ShardError."""
+    env = os.environ if environ is None else environ
+    spec = env.get(ENV_SHARD, "")
+    if not spec:
+        return None
+    m = re.match(r"^(\d+)/(\d+)$", spec)
+    root = env.get(ENV_DIR, "")
+    if not m or not int(m.group(2)) or int(m.group(1)) >= int(m.group(2)) or not root:
+        raise ShardError(f"{ENV_SHARD}={spec!r} with {ENV_DIR}={root!r}: a child of a sharded run needs "
+                         f"{ENV_SHARD}=<index>/<count> (index below count) and {ENV_DIR}; unset {ENV_SHARD} to run "
+                         "unsharded")
+    try:
+        wait_s = float(env.get(ENV_WAIT) or DEFAULT_WAIT_S)
+    except ValueError:
+        raise ShardError(f"{ENV_WAIT}={env.get(ENV_WAIT)!r} is not a number of seconds") from None
+    return Shard(int(m.group(1)), int(m.group(2)), root, wait_s)
+
+
+def write_json(path, value):
+    """Write then rename: a reader sees the whole file or none."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def ended(shard, index):
+    """The parent's record of a child that exited ({"rc": N, "reason": ...}), or None while it runs."""
+    return read_json(os.path.join(shard.root, "ended", f"{index}.json"))
+
+
+def mark_ended(root, index, rc, reason=""):
+    write_json(os.path.join(root, "ended", f"{index}.json"), {"rc": rc, "reason": reason})
+
+
+def merge(values, step="?"):
+    """The union of the shards' values in shard order: lists concatenated, maps merged; None (a shard that ended
+    before the step) adds nothing."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if all(isinstance(v, list) for v in present):
+        return [x for v in present for x in v]
+    if all(isinstance(v, dict) for v in present):
+        out = {}
+        for v in present:
+            out.update(v)
+        return out
+    raise ShardError(f"step {step}: the shards' values are not all lists or all maps "
+                     f"({', '.join(sorted({type(v).__name__ for v in present}))}); a cross-node step exchanges a list "
+                     "per node or a map by node")
+
+
+def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=0.05):
+    """Write this shard's value for step, wait for every other shard's (or its end), return them by shard index."""
+    if not STEP_RE.match(str(step)):
+        raise ShardError(f"step name {step!r}: letters, digits, '_', '.' and '-' only")
+    base = os.path.join(shard.root, "exchange", str(step))
+    write_json(os.path.join(base, f"{shard.index}.json"), {"value": value})
+    out = [None] * shard.count
+    waiting = set(range(shard.count))
+    deadline = clock() + shard.wait_s
+    while True:
+        for i in sorted(waiting):
+            got = read_json(os.path.join(base, f"{i}.json"))
+            if got is not None:
+                out[i] = got.get("value")
+                waiting.discard(i)
+            elif ended(shard, i) is not None:
+                waiting.discard(i)
+        if not waiting:
+            return out
+        if clock() >= deadline:
+            raise ShardError(f"step {step}: " + "; ".join(shard.describe(i) for i in sorted(waiting))
+                             + f" did not reach it within {shard.wait_s:g} s ({ENV_WAIT}); see the logs")
+        sleep(poll_s)
+
+
+def union(value, step, shard=None):
+    """value unchanged outside a sharded run; in one, the union of every shard's value for step."""
+    shard = shard if shard is not None else current()
+    if shard is None:
+        return value
+    return merge(exchange(shard, step, value), step)
+
+
+def lead(step, shard=None):
+    """Whether this process does what a run does once at step: the lowest-index shard that reaches the step (shard
+    0 unless it ended before), or the one process of an unsharded run."""
+    shard = shard if shard is not None else current()
+    if shard is None:
+        return True
+    return shard.index == min(merge(exchange(shard, f"{step}.who", [shard.index]), step))
+
+
+def once(step, fn, shard=None):
+    """fn() computed by the shard that leads step (lead), its answer handed to every shard; fn() itself unsharded.
+    fn's answer must be JSON."""
+    shard = shard if shard is not None else current()
+    if shard is None:
+        return fn()
+    if lead(step, shard):
+        got = merge(exchange(shard, step, {"value": fn()}), step)
+    else:
+        got = merge(exchange(shard, step, {}), step)
+    if "value" not in (got or {}):
+        raise ShardError(f"step {step}: the shard that leads it ended before it gave its answer; see the logs under "
+                         f"{shard.root}")
+    return got["value"]
+
+
+def local_hosts(hosts, shard=None):
+    """The hosts of this shard among hosts (all of them outside a sharded run), in the order given."""
+    shard = shard if shard is not None else current()
+    if shard is None:
+        return list(hosts)
+    mine = set(shard.nodes())
+    return [h for h in hosts if h in mine]
+
+
+def split(nodes, per_shard, max_shards):
+    """Contiguous shards of nodes (rank order) of at most about per_shard nodes, at most max_shards of them; one
+    shard (no split) when per_shard is 0 or the nodes fit in one."""
+    nodes = list(nodes)
+    if per_shard <= 0 or len(nodes) <= per_shard:
+        return [nodes]
+    k = min(max(1, max_shards), -(-len(nodes) // per_shard))
+    size, extra = divmod(len(nodes), k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + size + (1 if i < extra else 0)
+        out.append(nodes[start:end])
+        start = end
+    return [s for s in out if s]
+
+
+# The parent's side: the children, their logs and their ends.
+
+PROMPTS = ("-k", "--ask-pass", "-K", "--ask-become-pass", "--ask-vault-pass", "--ask-vault-password", "-J")
+LIMITS = ("-l", "--limit")
+# A child's output lines the parent prints as they come (prefixed with the shard): failures and the run's verdicts.
+RELAY = re.compile(r"^(fatal:|failed:|An exception occurred|ERROR!|\[ERROR\]|\[WARNING\]|.*Preflight (passed|failed)"
+                   r"|.*Not launching|PLAY RECAP|\S+\s+: ok=)")
+
+
+def refusal(argv):
+    """Why this command line cannot be split ('' when it can): a limit (the shards are the whole inventory's) or a
+    prompt (a child has no terminal)."""
+    for a in argv[1:]:
+        if a in LIMITS or a.startswith("--limit=") or (a.startswith("-l") and not a.startswith("--")):
+            return "--limit is given (a sharded run splits the whole inventory); the run goes on in one process"
+        if a in PROMPTS:
+            return (f"{a} asks for a password on the terminal, which a child process has not; the run goes on in one "
+                    "process (give the password in a file, e.g. --vault-password-file, to shard)")
+    return ""
+
+
+def child_argv(executable, argv, limit_file, run_id):
+    """A child's command line: the parent's own (inventory, -e, --check, --tags, verbosity), its shard's nodes as the
+    limit and the parent's run id."""
+    return [executable, argv[0]] + list(argv[1:]) + ["--limit", "@" + limit_file, "-e", "_cluster_run_id=" + run_id]
+
+
+class Children:
+    """The K child ansible-playbook processes of a sharded run, each in its own process group, its output in
+    <root>/<i>.log. Kills only the process groups it started."""
+
+    def __init__(self, root, plan, executable, argv, run_id, wait_s=DEFAULT_WAIT_S, environ=None, popen=None):
+        import subprocess
+
+        self.root, self.plan = root, plan
+        self.procs, self.offsets, self.rcs = [], [], {}
+        popen = popen or subprocess.Popen
+        os.makedirs(os.path.join(root, "exchange"), exist_ok=True)
+        write_json(os.path.join(root, PLAN), {"shards": plan, "run_id": run_id})
+        base = dict(os.environ if environ is None else environ)
+        for i, nodes in enumerate(plan):
+            limit = os.path.join(root, f"{i}.limit")
+            with open(limit, "w", encoding="utf-8") as f:
+                f.write("\n".join(["localhost"] + list(nodes)) + "\n")
+            env = dict(base, **{ENV_SHARD: f"{i}/{len(plan)}", ENV_DIR: root, ENV_WAIT: str(wait_s)})
+            with open(os.path.join(root, f"{i}.log"), "wb") as log:
+                self.procs.append(popen(child_argv(executable, argv, limit, run_id), stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True))
+            self.offsets.append(0)
+
+    def poll(self):
+        """New relayed lines [(shard, line)] since the last call; records each child that exited (ended/<i>.json)."""
+        out = []
+        for i, proc in enumerate(self.procs):
+            rc = proc.poll()
+            out += [(i, line) for line in self.new_lines(i) if RELAY.match(line)]
+            if rc is not None and i not in self.rcs:
+                self.rcs[i] = rc
+                mark_ended(self.root, i, rc, "exited")
+        return out
+
+    def new_lines(self, i):
+        try:
+            with open(os.path.join(self.root, f"{i}.log"), "rb") as f:
+                f.seek(self.offsets[i])
+                data = f.read()
+        except OSError:
+            return []
+        cut = data.rfind(b"\n") + 1
+        self.offsets[i] += cut
+        return data[:cut].decode("utf-8", "replace").splitlines()
+
+    def running(self):
+        return len(self.rcs) < len(self.procs)
+
+    def stop(self, grace_s=10.0, sleep=time.sleep):
+        """SIGTERM to every child's process group still running, SIGKILL after grace_s; each is recorded ended."""
+        import signal
+
+        live = [(i, p) for i, p in enumerate(self.procs) if p.poll() is None]
+        for _, p in live:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for _, p in live) and time.monotonic() < deadline:
+            sleep(0.1)
+        for i, p in live:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            self.rcs.setdefault(i, p.returncode)
+            mark_ended(self.root, i, p.returncode, "stopped by the parent")
+
+    def recap(self, i):
+        """The child's PLAY RECAP lines (one per host) from its log."""
+        try:
+            with open(os.path.join(self.root, f"{i}.log"), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return []
+        tail = text.rsplit("PLAY RECAP", 1)
+        return [ln for ln in tail[1].splitlines() if " : ok=" in ln] if len(tail) == 2 else []
