@@ -117,6 +117,10 @@ class ActionModule(bases.ControllerAction):
         except BaseException:
             children.stop()
             raise
+        report = os.path.join(str(args.get("run_dir")), "report.json")
+        if os.path.exists(report):
+            display.display("Report: %s\nMarkdown: %s\nHealth page: %s" % (
+                report, report[:-len("json")] + "md", os.path.join(os.path.dirname(report), "health.html")))
         out = [{"index": i, "nodes": len(part), "first": part[0], "last": part[-1], "rc": children.rcs.get(i),
                 "log": os.path.join(root, "%d.log" % i)} for i, part in enumerate(plan)]
         bad = [s for s in out if s["rc"] != 0]

@@ -22,6 +22,10 @@ What it measures (medians of --repeats runs; ratios measured side by side in one
             whether headless Chromium opens the page (tests/bench/health.py; raw output docs/benchmarks-health.json)
   reset     reset.yml after a crash on 3 default simulated nodes (a fresh launch, one rank killed -9, reset.yml timed),
             --repeats times: median and spread (tests/bench/reset.py; raw output docs/benchmarks-reset.json)
+  shards    converged site.yml on light nodes in one ansible-playbook process against K child processes
+            (docs/sharding.md) at --shard-sizes (16,32), K in --shard-counts (1,2), side by side per round: wall,
+            controller CPU, the parent's and each child's main process, changed, the same report; per-node costs and
+            a 16-core projection (tests/bench/shards.py; raw output docs/benchmarks-shards.json)
   mitogen   Ansible's linear strategy against the opt-in mitogen_linear, side by side on 3 default simulated nodes:
             converged site.yml and reset.yml after a crash (tests/bench/mitogen_strategy.py; raw docs/benchmarks-mitogen.json)
 Figures are never asserted: this is measurement, not a test.
@@ -56,6 +60,7 @@ DEFAULTS_CFG = REPO / "tests/bench/ansible-defaults.cfg"
 SCALE_TITLE = "## Scale"
 HEALTH_TITLE = "## Health page"
 RESET_TITLE = "## reset.yml after a crash"
+SHARDS_TITLE = "## Sharded runs"
 
 
 def log(msg: str) -> None:
@@ -269,7 +274,7 @@ def write_doc(sections: list[str], keep_header: bool = False) -> None:
     # A full run rewrites its own tables as before; a scale-only run keeps the others; the scale, health and reset
     # tables survive a run without them.
     kept = [(t, x) for t, x in old_secs
-            if t in fresh or keep_header or t.startswith((SCALE_TITLE, HEALTH_TITLE, RESET_TITLE))]
+            if t in fresh or keep_header or t.startswith((SCALE_TITLE, HEALTH_TITLE, RESET_TITLE, SHARDS_TITLE))]
     merged = [fresh.pop(title, text) for title, text in kept] + [text for title, text in new_secs if title in fresh]
     head = old_head if (keep_header and old_head.strip()) else new_head
     body = head.rstrip("\n") + "\n\n" + "".join(p.rstrip("\n") + "\n\n" for p in merged)
@@ -281,6 +286,10 @@ def main() -> int:
     p.add_argument("--sizes", default=os.environ.get("BENCH_SIZES", "2,4,8,16"))
     p.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
     p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts,health"))
+    p.add_argument("--shard-sizes", default=os.environ.get("BENCH_SHARD_SIZES", "16,32"),
+                   help="shards: the sizes of light simulated nodes")
+    p.add_argument("--shard-counts", default=os.environ.get("BENCH_SHARD_COUNTS", "1,2"),
+                   help="shards: the process counts K compared (1 = one process)")
     p.add_argument("--userpath-sizes", default=os.environ.get("BENCH_USERPATH_SIZES", "2,4,8"),
                    help="userpath: the sizes of default simulated nodes (every role on), the light harness beside each")
     p.add_argument("--config-at", type=int, default=None,
@@ -301,6 +310,19 @@ def main() -> int:
         results.setdefault("trees", {})["this tree"] = reset.bench_reset(args.repeats, os.environ.get("TY_SIM_NAME", "br"))
         reset.RAW.write_text(json.dumps(results, indent=1) + "\n")
         sections.append(reset.section(results))
+        print(sections[-1], flush=True)
+        write_doc(sections, keep_header)
+    if "shards" in only:
+        import shards as shards_bench
+        if args.from_raw:
+            results = json.loads(shards_bench.RAW.read_text())
+        else:
+            results = shards_bench.bench_shards([int(x) for x in args.shard_sizes.split(",") if x],
+                                                [int(x) for x in args.shard_counts.split(",") if x], args.repeats)
+            results["command"] = (f".venv/bin/python tests/bench/run.py --only shards --shard-sizes {args.shard_sizes} "
+                                  f"--shard-counts {args.shard_counts} --repeats {args.repeats}")
+            shards_bench.RAW.write_text(json.dumps(results, indent=1) + "\n")
+        sections.append(shards_bench.section(results, machine()))
         print(sections[-1], flush=True)
         write_doc(sections, keep_header)
     if "mitogen" in only:

@@ -116,6 +116,31 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / HZ
 
 
+def shard_mains(parent: int) -> list[int]:
+    """The main processes of a sharded run's children (docs/sharding.md): ansible-playbook processes with
+    TRAINYARD_SHARD in their environment whose parent (the parent run's worker) has none. Their workers have it and
+    so has their parent."""
+    def env_has(pid):
+        try:
+            return b"\0TRAINYARD_SHARD=" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return None
+
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ppid = int(stat[1])
+        if ppid in (0, 1, parent) or not env_has(d.name) or env_has(ppid) is not False:
+            continue
+        out.append(int(d.name))
+    return out
+
+
 def proc_cpu_s(pid: int) -> float | None:
     """utime + stime of the process itself (all its threads, not its children)."""
     try:
@@ -314,18 +339,27 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
             if env_extra.get("ANSIBLE_CACHE_PLUGIN") == "jsonfile":
                 env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(Path(tmp) / "facts")
         argv = [str(venv_bin / "ansible-playbook"), "-i", str(inventory), "site.yml", *(SKIP if args is None else args)]
+        sharded = any(a.startswith("cluster_shard_nodes=") and a != "cluster_shard_nodes=0" for a in argv)
         ctrl0, node0, busy0 = group.usage_s(), container_cpu_s(ids), machine_busy_s()
         ru0 = os.times()
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, preexec_fn=group.enter)
         main_cpu = [0.0]
+        shard_cpu: dict[int, float] = {}  # a sharded run's children's main processes (docs/sharding.md)
 
         def sample():
+            ticks = 0
             while proc.poll() is None:
                 v = proc_cpu_s(proc.pid)
                 if v is not None:
                     main_cpu[0] = v
+                if sharded and ticks % 5 == 0:
+                    for pid in set(shard_cpu) | set(shard_mains(proc.pid)):
+                        c = proc_cpu_s(pid)
+                        if c is not None:
+                            shard_cpu[pid] = c
+                ticks += 1
                 time.sleep(0.2)
         th = threading.Thread(target=sample, daemon=True)
         th.start()
@@ -344,6 +378,10 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
             ssh_tasks[task] = ssh_tasks.get(task, 0) + 1
         per_task = json.loads(task_cpu.read_text()) if task_cpu.exists() else []
     recap = {h: v for h, v in parse_recap(out).items() if h != "localhost"}
+    if sharded:  # each node's tasks: the parent's (the lock) plus its child's recap, relayed as "[shard i] ..."
+        kids = parse_recap("\n".join(re.sub(r"^\[shard \d+\] ", "", ln) for ln in out.splitlines()
+                                     if ln.startswith("[shard ")))
+        recap = {h: {k: v[k] + kids.get(h, {}).get(k, 0) for k in v} for h, v in recap.items()}
     n = len(nodes)
     profile = parse_profile(out)
     classes = superlinear_tasks()
@@ -362,6 +400,8 @@ def measured_run(venv_bin: Path, inventory: Path, nodes: list[str], group: CpuGr
         "changed": sum(v["changed"] for v in recap.values()) if recap else None,
         "failed": sum(v["failed"] + v["unreachable"] for v in recap.values()) if recap else None,
         "controller_cpu_s": round(ctrl, 2), "controller_main_cpu_s": round(main_cpu[0], 2),
+        # Sampled every second: each child's main process CPU up to its last second (docs/sharding.md).
+        "shard_main_cpu_s": sorted(round(v, 2) for v in shard_cpu.values()),
         "controller_cpu_source": "cgroup" if ctrl0 is not None else "rusage",
         "node_cpu_s": round(node1 - node0, 2),
         # Everything else the machine ran meanwhile (other users' work shares the same cores).

@@ -20,6 +20,7 @@ tests/unit/plugin_utils/test_shards.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -78,7 +79,7 @@ def current(environ=None):
     spec = env.get(ENV_SHARD, "")
     if not spec:
         return None
-    m = re.match(r"^(\d+)/(\d+)$", spec)
+    m = re.fullmatch(r"(\d+)/(\d+)", spec)
     root = env.get(ENV_DIR, "")
     if not m or not int(m.group(2)) or int(m.group(1)) >= int(m.group(2)) or not root:
         raise ShardError(f"{ENV_SHARD}={spec!r} with {ENV_DIR}={root!r}: a child of a sharded run needs "
@@ -87,7 +88,9 @@ def current(environ=None):
     try:
         wait_s = float(env.get(ENV_WAIT) or DEFAULT_WAIT_S)
     except ValueError:
-        raise ShardError(f"{ENV_WAIT}={env.get(ENV_WAIT)!r} is not a number of seconds") from None
+        wait_s = math.nan
+    if not math.isfinite(wait_s) or wait_s <= 0:
+        raise ShardError(f"{ENV_WAIT}={env.get(ENV_WAIT)!r} is not a number of seconds above 0")
     return Shard(int(m.group(1)), int(m.group(2)), root, wait_s)
 
 
@@ -95,8 +98,13 @@ def write_json(path, value):
     """Write then rename: a reader sees the whole file or none."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        text = json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise ShardError(f"{os.path.basename(os.path.dirname(path))}: a value a shard hands to the others must be "
+                         f"JSON ({e})") from None
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, separators=(",", ":"))
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -146,11 +154,14 @@ def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=
     deadline = clock() + shard.wait_s
     while True:
         for i in sorted(waiting):
-            got = read_json(os.path.join(base, f"{i}.json"))
+            path = os.path.join(base, f"{i}.json")
+            got = read_json(path)
+            # A shard may write the step and end between the two reads: its file is read again once it ended, so
+            # every shard sees the same values.
+            if got is None and ended(shard, i) is not None:
+                got = read_json(path) or {"value": None}
             if got is not None:
                 out[i] = got.get("value")
-                waiting.discard(i)
-            elif ended(shard, i) is not None:
                 waiting.discard(i)
         if not waiting:
             return out
@@ -253,7 +264,7 @@ class Children:
         import subprocess
 
         self.root, self.plan = root, plan
-        self.procs, self.offsets, self.rcs = [], [], {}
+        self.procs, self.offsets, self.rcs, self.in_block = [], [], {}, set()
         popen = popen or subprocess.Popen
         os.makedirs(os.path.join(root, "exchange"), exist_ok=True)
         write_json(os.path.join(root, PLAN), {"shards": plan, "run_id": run_id})
@@ -274,7 +285,15 @@ class Children:
         out = []
         for i, proc in enumerate(self.procs):
             rc = proc.poll()
-            out += [(i, line) for line in self.new_lines(i) if RELAY.match(line)]
+            for line in self.new_lines(i):
+                # A failure's result follows its "fatal:" line, indented, up to the next blank line: the node and
+                # the fix are in it.
+                if RELAY.match(line) or (i in self.in_block and line.strip()):
+                    out.append((i, line))
+                    if line.startswith(("fatal:", "failed:")) and line.rstrip().endswith("{"):
+                        self.in_block.add(i)
+                else:
+                    self.in_block.discard(i)
             if rc is not None and i not in self.rcs:
                 self.rcs[i] = rc
                 mark_ended(self.root, i, rc, "exited")
