@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from helpers import parse_recap, report_of
 
@@ -80,21 +81,22 @@ def test_a_failing_check_in_one_shard_fails_every_shard_and_names_the_node(clust
 
 
 def test_a_node_failing_in_the_launch_play_keeps_every_shard_from_launching(cluster):
-    # shard 1: its copy of the example trainer (under the sim inventory's cluster_code_dir, /srv/code) refuses a link
-    # (the trust boundary)
+    # shard 1: a secret name that only the launch role's own checks on the node refuse (the validate play takes any
+    # mapping), so the node fails in the launch play, after the report passed on every node.
     node = cluster.nodes[2]
-    cluster.exec(node, ["sh", "-c", "mv /srv/code/ddp_train.py /srv/code/ddp_train.py.away; "
-                                    "ln -s /etc/hostname /srv/code/ddp_train.py"])
+    host_vars = Path(cluster.inventory) / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{node}.yml").write_text('launch_secret_env: {"BAD-NAME": "x"}\n')
     before = {n: cluster.exec(n, ["cat", STATE], check=False).stdout for n in cluster.nodes}
     try:
-        # A new command (another job argument) would relaunch on every node: the barrier must stop all of them.
+        # A new command (another job variable) would relaunch on every node: the barrier must stop all of them.
         r = cluster.playbook("site.yml", *SHARDED, "-e", json.dumps({"launch_env": {"TY_SHARD_TEST": "1"}}))
     finally:
-        cluster.exec(node, ["sh", "-c", "rm -f /srv/code/ddp_train.py; "
-                                        "mv /srv/code/ddp_train.py.away /srv/code/ddp_train.py"])
+        (host_vars / f"{node}.yml").unlink()
     out = r.stdout
     assert r.returncode != 0, out[-4000:]
-    assert "Not launching" in out and node in out, out[-4000:]
+    assert f"{node}: launch_secret_env must map variable names" in out, out[-4000:]
+    assert re.search(rf"\[shard 0\] .*Not launching: {node} failed or did not get here", out), out[-4000:]
     # No node (the first shard's included) started the job anew.
     after = {n: cluster.exec(n, ["cat", STATE], check=False).stdout for n in cluster.nodes}
     assert after == before
