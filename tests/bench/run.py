@@ -288,6 +288,8 @@ def main() -> int:
     p.add_argument("--only", default=os.environ.get("BENCH_ONLY", "site,faults,scripts,health"))
     p.add_argument("--shard-sizes", default=os.environ.get("BENCH_SHARD_SIZES", "16,32"),
                    help="shards: the sizes of light simulated nodes")
+    p.add_argument("--shard-kind", choices=["light", "user"], default="light",
+                   help="shards: light simulated nodes, or default ones with every role on (the user's path)")
     p.add_argument("--shard-counts", default=os.environ.get("BENCH_SHARD_COUNTS", "1,2"),
                    help="shards: the process counts K compared (1 = one process)")
     p.add_argument("--userpath-sizes", default=os.environ.get("BENCH_USERPATH_SIZES", "2,4,8"),
@@ -314,14 +316,17 @@ def main() -> int:
         write_doc(sections, keep_header)
     if "shards" in only:
         import shards as shards_bench
+        raw = shards_bench.RAW if args.shard_kind == "light" else shards_bench.RAW_USER
         if args.from_raw:
-            results = json.loads(shards_bench.RAW.read_text())
+            results = json.loads(raw.read_text())
         else:
             results = shards_bench.bench_shards([int(x) for x in args.shard_sizes.split(",") if x],
-                                                [int(x) for x in args.shard_counts.split(",") if x], args.repeats)
-            results["command"] = (f".venv/bin/python tests/bench/run.py --only shards --shard-sizes {args.shard_sizes} "
-                                  f"--shard-counts {args.shard_counts} --repeats {args.repeats}")
-            shards_bench.RAW.write_text(json.dumps(results, indent=1) + "\n")
+                                                [int(x) for x in args.shard_counts.split(",") if x], args.repeats,
+                                                args.shard_kind)
+            results["command"] = (f".venv/bin/python tests/bench/run.py --only shards --shard-kind {args.shard_kind} "
+                                  f"--shard-sizes {args.shard_sizes} --shard-counts {args.shard_counts} "
+                                  f"--repeats {args.repeats}")
+            raw.write_text(json.dumps(results, indent=1) + "\n")
         sections.append(shards_bench.section(results, machine()))
         print(sections[-1], flush=True)
         write_doc(sections, keep_header)

@@ -10,9 +10,9 @@ of the run: the parent, its children and all their workers, from the run's cpuac
 process CPU and each child's main process CPU (sampled each second from /proc), changed (0 in every child) and the
 report's check ids and statuses (the same for every K).
 
-The projection (section()) takes what a sharded run puts on one core: the parent's main process (validate, the lock,
-the split: per node, from the K > 1 runs) plus one child's main process (its n / K nodes), and what spreads over the
-cores (every worker), each fitted per node over the measured sizes, for a 16-core controller at 256 and 1,024 nodes.
+The projection (projection()) takes what a sharded run puts on one core: the parent's main process (validate, the
+lock, the split) plus the busiest child's main process (its n / K nodes), and what spreads over the cores (every
+worker), each a line fitted over the measured sizes, for a 16-core controller at 256 and 1,024 nodes.
 Raw output: docs/benchmarks-shards.json. Figures are never asserted.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -30,6 +31,7 @@ import scale
 
 REPO = scale.REPO
 RAW = REPO / "docs/benchmarks-shards.json"
+RAW_USER = REPO / "docs/benchmarks-shards-user.json"
 
 
 def log(msg: str) -> None:
@@ -41,32 +43,38 @@ def report_statuses() -> dict:
     return {f"{x['host']} {x['check']}": x["status"] for x in data["records"]}
 
 
-def shard_args(n: int, k: int) -> list[str]:
+def shard_args(n: int, k: int, kind: str = "light") -> list[str]:
+    """The light harness's arguments (--skip-tags launch), or the user path's (every role, the launch of a long job:
+    tests/bench/userpath.py), with the shard settings for K."""
+    import userpath
     per = 0 if k <= 1 else math.ceil(n / k)
-    return [*scale.SKIP, "-e", f"cluster_shard_nodes={per}", "-e", f"cluster_shard_max={max(1, k)}"]
+    base = list(scale.SKIP) if kind == "light" else list(userpath.KINDS["user"][1])
+    return [*base, "-e", f"cluster_shard_nodes={per}", "-e", f"cluster_shard_max={max(1, k)}"]
 
 
-def bench_shards(sizes: list[int], counts: list[int], repeats: int) -> dict:
+def bench_shards(sizes: list[int], counts: list[int], repeats: int, kind: str = "light") -> dict:
+    """kind light: light simulated nodes; user: default simulated nodes, every role on (the user's path)."""
     from helpers import BIN, SIM
-    results: dict = {"sizes": [], "counts": counts, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    results: dict = {"sizes": [], "counts": counts, "kind": kind, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "cores": os.cpu_count(),
                      "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                               text=True).stdout.strip()}
     group = scale.CpuGroup(f"trainyard-bench-shards-{os.getpid()}")
     try:
         for n in sizes:
-            name = f"hs{n}"
-            subprocess.run([*SIM, "up", "--name", name, "--nodes", str(n), "--kind", "light"], cwd=REPO, check=True)
+            name = f"hs{kind[0]}{n}"
+            subprocess.run([*SIM, "up", "--name", name, "--nodes", str(n), "--kind", "light" if kind == "light" else "node"],
+                           cwd=REPO, check=True)
             meta = json.loads((REPO / ".sim" / name / "cluster.json").read_text())
             inv = Path(meta["inventory"])
             try:
-                scale.measured_run(BIN, inv, meta["nodes"], group, label="first", args=shard_args(n, 1))
+                scale.measured_run(BIN, inv, meta["nodes"], group, label="first", args=shard_args(n, 1, kind))
                 entry: dict = {"nodes": n, "runs": []}
                 results["sizes"].append(entry)
                 for rnd in range(max(1, repeats)):
                     for k in counts:
                         row = scale.measured_run(BIN, inv, meta["nodes"], group, label=f"K={k} round {rnd + 1}",
-                                                 args=shard_args(n, k))
+                                                 args=shard_args(n, k, kind))
                         row.pop("profile", None)
                         row.pop("task_cpu", None)
                         row.pop("ssh_tasks", None)
@@ -82,6 +90,11 @@ def bench_shards(sizes: list[int], counts: list[int], repeats: int) -> dict:
     return results
 
 
+def _by_node(statuses: dict) -> dict:
+    """Statuses keyed by node index and check: the same cluster size brought up under another name compares equal."""
+    return {re.sub(r"^\S*-node(\d+) ", r"node\1 ", k): v for k, v in statuses.items()}
+
+
 def _median(rows: list[dict], key) -> float:
     return statistics.median(key(r) for r in rows)
 
@@ -91,7 +104,7 @@ def summary(results: dict) -> list[dict]:
     out = []
     for entry in results["sizes"]:
         n = entry["nodes"]
-        base = next((r["statuses"] for r in entry["runs"] if r["k"] == 1), None)
+        base = next((_by_node(r["statuses"]) for r in entry["runs"] if r["k"] == 1), None)
         for k in results["counts"]:
             rows = [r for r in entry["runs"] if r["k"] == k]
             if not rows:
@@ -104,43 +117,102 @@ def summary(results: dict) -> list[dict]:
                 "child_main_max_cpu_s": _median(rows, lambda r: max(r["shard_main_cpu_s"] or [0.0])),
                 "child_main_sum_cpu_s": _median(rows, lambda r: sum(r["shard_main_cpu_s"] or [0.0])),
                 "changed": max(r["changed"] or 0 for r in rows), "rc": max(r["rc"] for r in rows),
-                "same_report": all(r["statuses"] == base for r in rows) if base is not None else None,
+                "same_report": all(_by_node(r["statuses"]) == base for r in rows) if base is not None else None,
                 "walls": [r["wall_s"] for r in rows],
             })
     return out
 
 
+def fit_plane(xs: list[tuple[float, float]], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares y = a + b·u + c·v over points (u, v) -> (a, b, c) (the normal equations, solved by Cramer's
+    rule); with the points on one line in (u, v), c = 0 and fit_line over u."""
+    rows = [(1.0, u, v) for u, v in xs]
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    t = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
+
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    if abs(d) < 1e-9 * max(1.0, abs(m[2][2]) ** 3):
+        a, b = scale.fit_line([u for u, _ in xs], ys)
+        return a, b, 0.0
+    out = []
+    for k in range(3):
+        mk = [[t[i] if j == k else m[i][j] for j in range(3)] for i in range(3)]
+        out.append(det(mk) / d)
+    return out[0], out[1], out[2]
+
+
 def projection(rows: list[dict], cores: int = 16) -> dict:
-    """Per-node costs fitted over the measured sizes and a 16-core projection of a sharded run:
-    critical path = parent's main process + the busiest child's main process + the workers spread over the cores."""
+    """Lines a + b·x fitted over the measured sizes (tests/bench/scale.py's fit_line), then a 16-core projection.
+
+    One process: its main process a + b·n on one core, the workers over the cores. Sharded: the parent's main process
+    (validate, the lock, the split) c + d·n, then the busiest child's main process e + f·(n / K) on a core of its own,
+    the workers (everything else the run used: every child's workers and the parent's) g + h·n over the cores; the
+    children start together. Each fit is checked against the measured points (the largest error is printed)."""
     one = [r for r in rows if r["k"] == 1]
     split = [r for r in rows if r["k"] > 1]
-    if not one or not split:
+    if len(one) < 2 or len(split) < 2:
         return {}
-    main_per_node = statistics.median(r["parent_main_cpu_s"] / r["nodes"] for r in one)
-    parent_per_node = statistics.median(r["parent_main_cpu_s"] / r["nodes"] for r in split)
-    child_per_node = statistics.median(r["child_main_max_cpu_s"] / (r["nodes"] / r["k"]) for r in split)
-    workers_per_node = statistics.median((r["controller_cpu_s"] - r["parent_main_cpu_s"] - r["child_main_sum_cpu_s"])
-                                         / r["nodes"] for r in split)
-    out = {"one_process_main_cpu_per_node_s": round(main_per_node, 4),
-           "parent_main_cpu_per_node_s": round(parent_per_node, 4),
-           "child_main_cpu_per_node_s": round(child_per_node, 4),
-           "workers_cpu_per_node_s": round(workers_per_node, 4), "cores": cores, "points": []}
+    fit = scale.fit_line
+    main = fit([r["nodes"] for r in one], [r["parent_main_cpu_s"] for r in one])
+    one_workers = fit([r["nodes"] for r in one], [r["controller_cpu_s"] - r["parent_main_cpu_s"] for r in one])
+    parent = fit([r["nodes"] for r in split], [r["parent_main_cpu_s"] for r in split])
+    # A child pays for its shard's nodes and, in its validate play and its cross-node steps, for every node.
+    child = fit_plane([(r["nodes"] / r["k"], r["nodes"]) for r in split], [r["child_main_max_cpu_s"] for r in split])
+    workers = fit([r["nodes"] for r in split], [r["controller_cpu_s"] - r["parent_main_cpu_s"] - r["child_main_sum_cpu_s"]
+                                                for r in split])
+
+    # The scale section's model of the workers: a per-node cost that grows with n (scale.fit_growth), the total
+    # n times it: the cautious one at 1,024 nodes.
+    growth = scale.fit_growth([r["nodes"] for r in split],
+                              [(r["controller_cpu_s"] - r["parent_main_cpu_s"] - r["child_main_sum_cpu_s"]) / r["nodes"]
+                               for r in split])
+
+    def at(line, x):
+        return line[0] + line[1] * x
+
+    def one_process(n):
+        return at(main, n) + at(one_workers, n) / cores
+
+    def at_child(n, k):
+        return child[0] + child[1] * n / k + child[2] * n
+
+    def sharded(n, k, grow=False):
+        w = n * at(growth, n) if grow else at(workers, n)
+        return at(parent, n) + at_child(n, k) + w / cores
+
+    def off(f, rows_, key):
+        return max(abs(f(r) - key(r)) for r in rows_)
+
+    out = {"cores": cores,
+           "one_process_main": [round(main[0], 2), round(main[1], 4)],
+           "one_process_workers": [round(one_workers[0], 2), round(one_workers[1], 4)],
+           "parent_main": [round(parent[0], 2), round(parent[1], 4)],
+           "child_main": [round(child[0], 2), round(child[1], 4), round(child[2], 4)],
+           "workers": [round(workers[0], 2), round(workers[1], 4)],
+           "fit_error_cpu_s": round(max(off(lambda r: at(main, r["nodes"]), one, lambda r: r["parent_main_cpu_s"]),
+                                        off(lambda r: at_child(r["nodes"], r["k"]), split,
+                                            lambda r: r["child_main_max_cpu_s"])), 2),
+           "points": []}
     for n, k in ((256, 1), (256, 4), (256, 8), (1024, 1), (1024, 8), (1024, 16)):
-        if k == 1:
-            t = main_per_node * n + workers_per_node * n / cores
-        else:
-            t = parent_per_node * n + child_per_node * n / k + workers_per_node * n / cores
-        out["points"].append({"nodes": n, "k": k, "projected_s": round(t, 1)})
+        out["points"].append({"nodes": n, "k": k, "projected_s": round(one_process(n) if k == 1 else sharded(n, k), 1),
+                              "projected_growing_s": None if k == 1 else round(sharded(n, k, True), 1)})
+    out["workers_growing"] = [round(growth[0], 4), round(growth[1], 6)]
     return out
 
 
 def section(results: dict, machine: str) -> str:
     rows = summary(results)
-    lines = ["## Sharded runs: one process against K (docs/sharding.md)", "",
+    user = results.get("kind") == "user"
+    what = ("default simulated nodes, every role on, converged site.yml with a long job running (the user's path)"
+            if user else "light simulated nodes, converged site.yml --skip-tags launch")
+    raw = (RAW_USER if user else RAW).relative_to(REPO)
+    lines = [f"## Sharded runs{', every role on' if user else ''}: one process against K (docs/sharding.md)", "",
              f"Command: `{results.get('command', '')}` at {results.get('commit', '?')}, {results.get('date', '?')}; "
-             f"{machine}. Light simulated nodes, converged site.yml --skip-tags launch, each K in turn per round "
-             "(medians). Raw: `docs/benchmarks-shards.json`.", "",
+             f"{machine}. {what[0].upper() + what[1:]}, each K in turn per round (medians). Raw: `{raw}`.", "",
              "| nodes | K | wall s | controller CPU-s | parent main CPU-s | busiest child main CPU-s | children main "
              "CPU-s | changed | same report as K=1 | walls |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -150,12 +222,20 @@ def section(results: dict, machine: str) -> str:
                      f"| {r['changed']} | {r['same_report']} | {', '.join(f'{w:.1f}' for w in r['walls'])} |")
     p = projection(rows)
     if p:
-        lines += ["", f"Per node, fitted over these sizes: one process's main process "
-                      f"{p['one_process_main_cpu_per_node_s']} CPU-s; sharded: the parent's main process "
-                      f"{p['parent_main_cpu_per_node_s']}, a child's main process {p['child_main_cpu_per_node_s']} per "
-                      f"node of its shard, every worker {p['workers_cpu_per_node_s']} (spread over the cores).", "",
-                  f"Projected for a {p['cores']}-core controller (parent + busiest child on one core each, the "
-                  "workers over the cores; the light harness's roles):", "",
-                  "| nodes | K | projected s |", "|---|---|---|"]
-        lines += [f"| {x['nodes']} | {x['k']} | {x['projected_s']} |" for x in p["points"]]
+        def line(f):
+            return f"{f[0]} + {f[1]}·x CPU-s"
+        lines += ["", "Fitted over these sizes (x: nodes): one process's main "
+                      f"process {line(p['one_process_main'])}, its workers {line(p['one_process_workers'])}; sharded: "
+                      f"the parent's main process {line(p['parent_main'])}, the busiest child's main process "
+                      f"{p['child_main'][0]} + {p['child_main'][1]}·s + {p['child_main'][2]}·n CPU-s (s the nodes of its "
+                      f"shard, n every node), every worker of the run {line(p['workers'])} (largest error of the "
+                      f"main-process fits at a measured point: {p['fit_error_cpu_s']} CPU-s).", "",
+                  f"Projected for a {p['cores']}-core controller (the main processes on one core each, the parent's "
+                  "then the busiest child's; the workers over the cores; the light harness's roles):", "",
+                  "| nodes | K | projected s | projected s, workers' per-node cost growing with n |", "|---|---|---|---|"]
+        lines += [f"| {x['nodes']} | {x['k']} | {x['projected_s']} | {x.get('projected_growing_s') or '-'} |"
+                  for x in p["points"]]
+        lines += ["", f"The last column takes the workers' per-node cost as the scale section's model does, growing "
+                      f"with n ({p['workers_growing'][0]} + {p['workers_growing'][1]}·n CPU-s per node), the cautious "
+                      "extrapolation; the one before it, the workers' total as a line in n."]
     return "\n".join(lines) + "\n"
