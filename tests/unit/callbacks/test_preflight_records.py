@@ -144,7 +144,10 @@ def _play(tmp_path, **env):
                         "-e", f"ansible_python_interpreter={sys.executable}", str(pb)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert "hidden-value" not in r.stdout.split("TASK [Show]")[0] + r.stderr  # until it is shown on purpose
-    line = next((ln for ln in r.stdout.splitlines() if "RESULT " in ln), None)
+    # n1's line (the run_once task records on n1 only; the two hosts' results print in the order they finish).
+    lines = r.stdout.splitlines()
+    line = next((ln for i, ln in enumerate(lines) if "RESULT " in ln and i and lines[i - 1].startswith("ok: [n1]")),
+                None)
     assert line, r.stdout + r.stderr
     return json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
 
