@@ -241,7 +241,10 @@ RELAY = re.compile(r"^(fatal:|failed:|An exception occurred|ERROR!|\[ERROR\]|\[W
 def refusal(argv):
     """Why this command line cannot be split ('' when it can): a limit (the shards are the whole inventory's) or a
     prompt (a child has no terminal)."""
-    for a in argv[1:]:
+    for prev, a in zip(argv, argv[1:]):
+        if a.endswith("@prompt") and (prev == "--vault-id" or a.startswith("--vault-id=")):
+            return ("--vault-id …@prompt asks for a password on the terminal, which a child process has not; the run "
+                    "goes on in one process (give the password in a file to shard)")
         if a in LIMITS or a.startswith("--limit=") or (a.startswith("-l") and not a.startswith("--")):
             return "--limit is given (a sharded run splits the whole inventory); the run goes on in one process"
         if a in PROMPTS:
@@ -269,6 +272,16 @@ class Children:
         os.makedirs(os.path.join(root, "exchange"), exist_ok=True)
         write_json(os.path.join(root, PLAN), {"shards": plan, "run_id": run_id})
         base = dict(os.environ if environ is None else environ)
+        try:
+            self.start(plan, executable, argv, run_id, wait_s, base, popen)
+        except BaseException:
+            self.stop(grace_s=2.0)  # the children already started: none is left behind
+            raise
+
+    def start(self, plan, executable, argv, run_id, wait_s, base, popen):
+        import subprocess
+
+        root = self.root
         for i, nodes in enumerate(plan):
             limit = os.path.join(root, f"{i}.limit")
             with open(limit, "w", encoding="utf-8") as f:
@@ -285,7 +298,7 @@ class Children:
         out = []
         for i, proc in enumerate(self.procs):
             rc = proc.poll()
-            for line in self.new_lines(i):
+            for line in self.new_lines(i, final=rc is not None):
                 # A failure's result follows its "fatal:" line, indented, up to the next blank line: the node and
                 # the fix are in it.
                 if RELAY.match(line) or (i in self.in_block and line.strip()):
@@ -299,14 +312,15 @@ class Children:
                 mark_ended(self.root, i, rc, "exited")
         return out
 
-    def new_lines(self, i):
+    def new_lines(self, i, final=False):
+        """The whole lines the child wrote since the last call (final: the child exited, its last line too)."""
         try:
             with open(os.path.join(self.root, f"{i}.log"), "rb") as f:
                 f.seek(self.offsets[i])
                 data = f.read()
         except OSError:
             return []
-        cut = data.rfind(b"\n") + 1
+        cut = len(data) if final else data.rfind(b"\n") + 1
         self.offsets[i] += cut
         return data[:cut].decode("utf-8", "replace").splitlines()
 
@@ -314,27 +328,33 @@ class Children:
         return len(self.rcs) < len(self.procs)
 
     def stop(self, grace_s=10.0, sleep=time.sleep):
-        """SIGTERM to every child's process group still running, SIGKILL after grace_s; each is recorded ended."""
+        """SIGTERM to the process group of every child started (what its processes left in it too, even when the
+        child itself exited), SIGKILL to what is left after grace_s; each child is recorded ended. Only these groups:
+        each child leads the one it was started in."""
         import signal
 
-        live = [(i, p) for i, p in enumerate(self.procs) if p.poll() is None]
-        for _, p in live:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while any(p.poll() is None for _, p in live) and time.monotonic() < deadline:
-            sleep(0.1)
-        for i, p in live:
-            if p.poll() is None:
+        def signal_groups(sig):
+            alive = []
+            for p in self.procs:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    os.killpg(p.pid, sig)
+                    alive.append(p)
+                except (ProcessLookupError, PermissionError):
                     pass
-                p.wait()
-            self.rcs.setdefault(i, p.returncode)
-            mark_ended(self.root, i, p.returncode, "stopped by the parent")
+            return alive
+
+        signal_groups(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and signal_groups(0):
+            for p in self.procs:
+                p.poll()  # reap the children that ended: a child's zombie keeps its group
+            sleep(0.1)
+        signal_groups(signal.SIGKILL)
+        for i, p in enumerate(self.procs):
+            p.wait()
+            if i not in self.rcs:
+                self.rcs[i] = p.returncode
+                mark_ended(self.root, i, p.returncode, "stopped by the parent")
 
     def recap(self, i):
         """The child's PLAY RECAP lines (one per host) from its log."""
