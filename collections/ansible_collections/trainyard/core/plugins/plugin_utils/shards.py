@@ -238,6 +238,26 @@ RELAY = re.compile(r"^(fatal:|failed:|An exception occurred|ERROR!|\[ERROR\]|\[W
                    r"|.*Not launching|PLAY RECAP|\S+\s+: ok=)")
 
 
+def group_alive(pgid, proc="/proc"):
+    """Whether a process of group pgid still runs: a zombie does not count (an orphan whose reaper is slow, or a
+    container's init that never reaps, would otherwise hold stop() for its whole grace period). Where there is no
+    /proc, the group counts as alive while it has any member."""
+    if not os.path.isdir(proc):
+        return True
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat"), encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after the command: state, ppid, pgrp
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def refusal(argv):
     """Why this command line cannot be split ('' when it can): a limit (the shards are the whole inventory's) or a
     prompt (a child has no terminal)."""
@@ -345,7 +365,7 @@ class Children:
 
         signal_groups(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and signal_groups(0):
+        while time.monotonic() < deadline and any(group_alive(p.pid) for p in signal_groups(0)):
             for p in self.procs:
                 p.poll()  # reap the children that ended: a child's zombie keeps its group
             sleep(0.1)
