@@ -146,8 +146,12 @@ class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
         # In a sharded run (docs/sharding.md) one shard reads and writes the record and every shard takes its answer:
         # the others would read the record it already wrote.
+        # A shard whose nodes were all left out retires: the other shards' node steps stop waiting for it.
         try:
-            return shards.once("exclude-decision", lambda: self.decide_here(args), shards.current())
+            out = shards.once("exclude-decision", lambda: self.decide_here(args), shards.current())
+            if out.get("excluded") and not out.get("failed"):
+                shards.retire_if_none_left(out.get("models") or {})
+            return out
         except shards.ShardError as exc:
             return dict(failed=True, msg="node_exclusion: %s" % exc)
 

@@ -17,11 +17,12 @@ def _shard():
         raise AnsibleFilterError(str(e)) from None
 
 
-def shard_union(value, step):
+def shard_union(value, step, every_shard=False):
     """A cross-node step's values of this shard's nodes (a list in rank order, or a map by node) -> every shard's,
-    in rank order. Give each call site its own step name (a loop: the item in the name)."""
+    in rank order. Give each call site its own step name (a loop: the item in the name). every_shard: a step of a
+    play on the controller (every child runs it, a retired shard too, plugin_utils/shards.py exchange)."""
     try:
-        return shards.union(value, step, _shard())
+        return shards.union(value, step, _shard(), every_shard=bool(every_shard))
     except shards.ShardError as e:
         raise AnsibleFilterError(str(e)) from None
 

@@ -51,6 +51,12 @@ def test_a_sharded_run_gives_the_one_process_report_and_launches_every_rank(clus
     report = report_of(out)
     assert statuses(report) == statuses(report_of(one.stdout))
     assert report["hosts"] == cluster.nodes
+    # Every node's cluster model in the report, though each child set it on its own nodes and the head only.
+    assert report["cluster_model"] == report_of(one.stdout)["cluster_model"]
+    assert sorted(report["cluster_model"]) == sorted(cluster.nodes)
+    second = open(f"{report['run_dir']}/shards/1.log", encoding="utf-8").read()
+    model_task = second.split("Set the cluster model on every trainer of this process", 1)[1].split("TASK [", 1)[0]
+    assert sorted(re.findall(r"\(item=(\S+) rank", model_task)) == sorted([cluster.nodes[0], cluster.nodes[2]]), model_task
     for i in (0, 1):
         assert "PLAY RECAP" in open(f"{report['run_dir']}/shards/{i}.log", encoding="utf-8").read()
     # The launch: the job starts on every node, each with its rank.
@@ -100,3 +106,38 @@ def test_a_node_failing_in_the_launch_play_keeps_every_shard_from_launching(clus
     # No node (the first shard's included) started the job anew.
     after = {n: cluster.exec(n, ["cat", STATE], check=False).stdout for n in cluster.nodes}
     assert after == before
+
+
+def test_a_shard_whose_every_node_is_left_out_does_not_hold_the_others(cluster, tmp_path):
+    # cluster_node_failure_policy exclude: node3, the whole of shard 1, fails a check and is left out. Shard 1 then runs
+    # no node play: the node steps of shard 0 must not wait for it (here 120 s, then a failure naming shard 1), and
+    # the report, which every child runs, still has node3's records and the exclusion. The job starts on the two
+    # kept nodes with ranks 0 and 1 of 2.
+    node = cluster.nodes[2]
+    reset = cluster.playbook("reset.yml", "-e", "reset_confirm=true")
+    assert reset.returncode == 0, reset.stdout[-4000:]
+    run_dir = ["-e", f"cluster_run_dir={tmp_path}/runs/1"]
+    cluster.exec(node, ["mount", "-o", "remount,size=64m", "/dev/shm"])
+    try:
+        r = cluster.playbook("site.yml", *SHARDED, *run_dir, "-e", "cluster_node_failure_policy=exclude",
+                             "-e", "cluster_shard_wait_s=120")
+    finally:
+        cluster.exec(node, ["mount", "-o", "remount,size=512m", "/dev/shm"])
+    out = r.stdout
+    try:
+        assert r.returncode == 0, out[-4000:]
+        assert "did not reach it within" not in out
+        report = report_of(out)
+        assert statuses(report)[(node, "cluster.shm")] == "fail"
+        assert [e["host"] for e in report["exclusion"]["excluded"]] == [node]
+        assert sorted(report["cluster_model"]) == sorted(cluster.nodes)
+        retired = json.loads((tmp_path / "runs/1/shards/retired/1.json").read_text())
+        assert "left out" in retired["reason"]
+        assert not (tmp_path / "runs/1/shards/retired/0.json").exists()
+        for rank, n in enumerate(cluster.nodes[:2]):
+            cmd = json.loads(cluster.exec(n, ["cat", STATE]).stdout)["command"]
+            assert "--nnodes=2" in cmd and f"--node_rank={rank}" in cmd, cmd
+        assert "--nnodes=2" not in cluster.exec(node, ["cat", STATE], check=False).stdout  # not launched there
+    finally:
+        reset = cluster.playbook("reset.yml", "-e", "reset_confirm=true")
+        assert reset.returncode == 0, reset.stdout[-4000:]

@@ -345,3 +345,44 @@ def test_local_hosts_without_a_plan_names_the_plan_file(tmp_path):
     with pytest.raises(shards.ShardError) as e:
         shards.local_hosts(["n1"], shards.Shard(1, 3, str(tmp_path)))
     assert "shard 1/3" in str(e.value) and os.path.join(str(tmp_path), shards.PLAN) in str(e.value)
+
+
+# retire(): a shard with no node left in the node plays (every one left out by the exclusion).
+
+
+def test_a_node_step_does_not_wait_for_a_retired_shard(tmp_path):
+    write_plan(tmp_path)
+    shards.retire(shards.Shard(1, 3, str(tmp_path)), "every node of this shard was left out")
+    out = run_shards(tmp_path, {0: ["n1", "n2"], 2: ["n5", "n6"]}, "network-facts", wait_s=3.0)
+    assert out == {0: ["n1", "n2", "n5", "n6"], 2: ["n1", "n2", "n5", "n6"]}
+
+
+def test_a_controller_step_waits_for_a_retired_shard_and_counts_its_values(tmp_path):
+    write_plan(tmp_path)
+    shards.retire(shards.Shard(1, 3, str(tmp_path)), "every node of this shard was left out")
+    step = "report-records"
+    out = run_shards(tmp_path, {0: {"n1": 1}, 1: {"n3": 3}, 2: {"n5": 5}}, step,
+                     fn=lambda shard, v: shards.union(v, step, shard, every_shard=True))
+    assert out == {i: {"n1": 1, "n3": 3, "n5": 5} for i in range(3)}
+    # Without the retired shard's value a controller step waits for it (here until wait_s, naming it).
+    out = run_shards(tmp_path, {0: {"n1": 1}, 2: {"n5": 5}}, "report-plans", wait_s=0.3,
+                     fn=lambda shard, v: shards.union(v, "report-plans", shard, every_shard=True))
+    assert all(isinstance(out[i], shards.ShardError) and "shard 1 (nodes n3..n4" in str(out[i]) for i in (0, 2))
+
+
+def test_a_retired_shard_0_still_leads_a_controller_step_for_every_shard(tmp_path):
+    write_plan(tmp_path)
+    shards.retire(shards.Shard(0, 3, str(tmp_path)), "every node of this shard was left out")
+    out = run_shards(tmp_path, {i: None for i in range(3)}, "report-files",
+                     fn=lambda shard, _: shards.lead("report-files", shard))
+    assert out == {0: True, 1: False, 2: False}
+
+
+def test_retire_if_none_left_retires_only_a_shard_without_a_kept_node(tmp_path, monkeypatch):
+    write_plan(tmp_path)
+    kept = {"n1": {}, "n2": {}, "n4": {}}
+    assert [shards.retire_if_none_left(kept, shards.Shard(i, 3, str(tmp_path))) for i in range(3)] == [False, False, True]
+    assert shards.retired(shards.Shard(0, 3, str(tmp_path)), 2) == {"reason": "every node of this shard was left out"}
+    assert shards.retired(shards.Shard(0, 3, str(tmp_path)), 1) is None
+    monkeypatch.delenv(shards.ENV_SHARD, raising=False)
+    assert shards.retire_if_none_left([]) is False, "unsharded: nothing to retire"

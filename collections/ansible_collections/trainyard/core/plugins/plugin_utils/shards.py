@@ -125,6 +125,26 @@ def mark_ended(root, index, rc, reason=""):
     write_json(os.path.join(root, "ended", f"{index}.json"), {"rc": rc, "reason": reason})
 
 
+def retired(shard, index):
+    """The record of a shard that has no node left in the node plays ({"reason": ...}), or None."""
+    return read_json(os.path.join(shard.root, "retired", f"{index}.json"))
+
+
+def retire(shard, reason):
+    """This shard has no node left (every one was left out): its child still runs the controller plays (the report),
+    but its node plays select no node, so the other shards' node steps no longer wait for it (exchange)."""
+    write_json(os.path.join(shard.root, "retired", f"{shard.index}.json"), {"reason": reason})
+
+
+def retire_if_none_left(kept, shard=None):
+    """retire() this shard when none of its nodes is among kept; whether it did. Outside a sharded run, False."""
+    shard = shard if shard is not None else current()
+    if shard is None or set(shard.nodes()) & set(kept):
+        return False
+    retire(shard, "every node of this shard was left out")
+    return True
+
+
 def merge(values, step="?"):
     """The union of the shards' values in shard order: lists concatenated, maps merged; None (a shard that ended
     before the step) adds nothing."""
@@ -143,8 +163,12 @@ def merge(values, step="?"):
                      "per node or a map by node")
 
 
-def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=0.05):
-    """Write this shard's value for step, wait for every other shard's (or its end), return them by shard index."""
+def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=0.05, every_shard=False):
+    """Write this shard's value for step, wait for every other shard's (or its end), return them by shard index.
+
+    A node step (the default: a task of a play on the nodes) does not wait for a retired shard (retire()): its node
+    plays select no node, so it never reaches the step. A controller step (every_shard: a task of a play on the
+    controller, which every child runs, such as the report) waits for it too."""
     if not STEP_RE.match(str(step)):
         raise ShardError(f"step name {step!r}: letters, digits, '_', '.' and '-' only")
     base = os.path.join(shard.root, "exchange", str(step))
@@ -158,7 +182,7 @@ def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=
             got = read_json(path)
             # A shard may write the step and end between the two reads: its file is read again once it ended, so
             # every shard sees the same values.
-            if got is None and ended(shard, i) is not None:
+            if got is None and (ended(shard, i) is not None or (not every_shard and retired(shard, i) is not None)):
                 got = read_json(path) or {"value": None}
             if got is not None:
                 out[i] = got.get("value")
@@ -171,21 +195,23 @@ def exchange(shard, step, value, sleep=time.sleep, clock=time.monotonic, poll_s=
         sleep(poll_s)
 
 
-def union(value, step, shard=None):
-    """value unchanged outside a sharded run; in one, the union of every shard's value for step."""
+def union(value, step, shard=None, every_shard=False):
+    """value unchanged outside a sharded run; in one, the union of every shard's value for step (every_shard: a
+    controller step, see exchange)."""
     shard = shard if shard is not None else current()
     if shard is None:
         return value
-    return merge(exchange(shard, step, value), step)
+    return merge(exchange(shard, step, value, every_shard=every_shard), step)
 
 
 def lead(step, shard=None):
     """Whether this process does what a run does once at step: the lowest-index shard that reaches the step (shard
-    0 unless it ended before), or the one process of an unsharded run."""
+    0 unless it ended before), or the one process of an unsharded run. A controller step: every shard that runs
+    takes part, a retired one included, so every shard names the same leader."""
     shard = shard if shard is not None else current()
     if shard is None:
         return True
-    return shard.index == min(merge(exchange(shard, f"{step}.who", [shard.index]), step))
+    return shard.index == min(merge(exchange(shard, f"{step}.who", [shard.index], every_shard=True), step))
 
 
 def once(step, fn, shard=None):
@@ -195,9 +221,9 @@ def once(step, fn, shard=None):
     if shard is None:
         return fn()
     if lead(step, shard):
-        got = merge(exchange(shard, step, {"value": fn()}), step)
+        got = merge(exchange(shard, step, {"value": fn()}, every_shard=True), step)
     else:
-        got = merge(exchange(shard, step, {}), step)
+        got = merge(exchange(shard, step, {}, every_shard=True), step)
     if "value" not in (got or {}):
         raise ShardError(f"step {step}: the shard that leads it ended before it gave its answer; see the logs under "
                          f"{shard.root}")
