@@ -50,7 +50,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 models:
-  description: The cluster model of every trainer, by inventory name.
+  description: The cluster model of every trainer, by inventory name, without C(hosts_by_rank) (given once, below).
   returned: success
   type: dict
 hosts_by_rank:
@@ -235,8 +235,10 @@ class ActionModule(bases.ControllerAction):
                 typ = (spec or {}).get("type", "int" if var == "node_rank" else "str")
                 plain[h][var] = cluster_model._coerce(plain[h][var], typ)
         models = cm.compute_models(hosts, plain, defaults)
-        result["models"] = models
+        # hosts_by_rank once, not in each of the n models: n x n names would cost every result, fact and copy
+        # O(nodes^2) (at 1,024 nodes, seconds per task); the validate play puts it back in each node's cluster_model.
         result["hosts_by_rank"] = models[hosts[0]]["hosts_by_rank"]
+        result["models"] = {h: {k: v for k, v in m.items() if k != "hosts_by_rank"} for h, m in models.items()}
         result["msg"] = (f"{len(hosts)} trainers, {models[hosts[0]]['nproc_per_node']} processes each, "
                          f"world size {models[hosts[0]]['world_size']}, head {models[hosts[0]]['head']} "
                          f"({models[hosts[0]]['master_addr']}:{models[hosts[0]]['master_port']})")

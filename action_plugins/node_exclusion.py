@@ -69,7 +69,7 @@ extends_documentation_fragment: [trainyard.core.attributes.controller]
 EXAMPLES = r"""
 - name: Leave out the failing nodes and remember the machines
   node_exclusion:
-    hosts_by_rank: "{{ cluster_models[groups.trainers[0]].hosts_by_rank }}"
+    hosts_by_rank: "{{ cluster_hosts_by_rank }}"
     records: "{{ dict(groups.trainers | zip(groups.trainers | map('extract', hostvars, 'preflight_results'))) }}"
     policy: exclude
     model: "{{ cluster_models[groups.trainers[0]] }}"

@@ -56,7 +56,7 @@ extends_documentation_fragment: [trainyard.core.attributes.controller]
 EXAMPLES = r"""
 - name: Decide the survivors
   recover_plan:
-    hosts_by_rank: "{{ cluster_models[groups.trainers[0]].hosts_by_rank }}"
+    hosts_by_rank: "{{ cluster_hosts_by_rank }}"
     unreachable: "{{ _recover_unreachable }}"
     failed: "{{ _recover_failed }}"
     min_nodes: "{{ cluster_min_nodes }}"

@@ -52,7 +52,7 @@ extends_documentation_fragment: [trainyard.core.attributes.controller]
 EXAMPLES = r"""
 - name: Split the run when the cluster is large
   trainyard_shards:
-    nodes: "{{ cluster_models[groups['trainers'][0]].hosts_by_rank }}"
+    nodes: "{{ cluster_hosts_by_rank }}"
     per_shard: "{{ cluster_shard_nodes }}"
     run_dir: "{{ cluster_run_dir | realpath }}"
     run_id: "{{ _cluster_run_id }}"
@@ -92,15 +92,10 @@ class ActionModule(bases.ControllerAction):
         if per_shard < 0 or max_shards < 0 or wait_s < 1:
             raise AnsibleActionFail("trainyard_shards: cluster_shard_nodes and cluster_shard_max are 0 or more, "
                                     "cluster_shard_wait_s 1 or more")
-        if shards.current() is not None:
-            return {"sharded": False, "msg": "a shard of a sharded run: it runs its own nodes"}
-        plan = shards.split(nodes, per_shard, max_shards or max(1, (os.cpu_count() or 2) // 2))
-        if len(plan) < 2:
-            return {"sharded": False, "msg": "%d node(s) in one ansible-playbook process (cluster_shard_nodes %d)"
-                    % (len(nodes), per_shard)}
-        why = shards.refusal(sys.argv)
+        plan, why = shards.decide(nodes, per_shard, max_shards, sys.argv)
         if why:
-            display.warning("Not splitting the run over %d processes: %s." % (len(plan), why))
+            if len(plan) > 1 and shards.current() is None:
+                display.warning("Not splitting the run over %d processes: %s." % (len(plan), why))
             return {"sharded": False, "msg": why}
         root = os.path.join(str(args.get("run_dir")), "shards")
         children = shards.Children(root, plan, sys.executable, sys.argv, str(args.get("run_id")), wait_s)

@@ -35,6 +35,16 @@ def shard_hosts(hosts):
         raise AnsibleFilterError(str(e)) from None
 
 
+def shard_splits(nodes, per_shard, max_shards):
+    """Whether this process will split nodes over child processes (plugin_utils/shards.py decide): the split play of
+    site.yml decides the same way later, from the same values."""
+    import sys
+    try:
+        return not shards.decide(list(nodes), int(per_shard), int(max_shards), sys.argv)[1]
+    except (TypeError, ValueError):
+        return False  # the validate play names the bad value; the split play stops on it
+
+
 def shard_active(_=None):
     """Whether this process is one shard of a sharded run."""
     return _shard() is not None
@@ -52,4 +62,4 @@ def shard_leader(step):
 class FilterModule:
     def filters(self):
         return {"trainyard_shard_union": shard_union, "trainyard_shard_hosts": shard_hosts,
-                "trainyard_shard_leader": shard_leader, "trainyard_sharded": shard_active}
+                "trainyard_shard_leader": shard_leader, "trainyard_sharded": shard_active, "trainyard_shard_splits": shard_splits}

@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from helpers import REPO, SimCluster, sim_down, sim_up, wait_until
+from helpers import REPO, SimCluster, run_dir_of, sim_down, sim_up, wait_until
 from test_launch import latest_complete  # the head's newest checkpoint with its trainer_state.json
 
 STATE = "/var/lib/trainyard/train"
@@ -142,15 +142,26 @@ def test_a_killed_rank_is_named_and_the_slurm_job_ends(cluster):
         r.stdout[-4000:]
 
 
+def jobs_of_this_user(cluster) -> list[str]:
+    return sorted(sq(cluster, "-u", "root", "-o", "%i").split())
+
+
 def test_relaunch_resumes_from_the_last_complete_checkpoint_as_a_new_slurm_job(cluster, decoy):
+    # Sharded (docs/sharding.md): the nodes run in two ansible-playbook processes (nodes 1-2 and 3); only the shard
+    # that runs the head submits, once every shard's nodes wrote their task, and the other waits on that job.
     old = record(cluster)["job_id"]
     ckpt = latest_complete(cluster)
     assert ckpt >= 5
-    r = cluster.playbook("site.yml", *RELAUNCH, timeout=1800)
+    r = cluster.playbook("site.yml", *RELAUNCH, "-e", "cluster_shard_nodes=2", "-e", "cluster_shard_max=2",
+                         timeout=1800)
     assert r.returncode == 0, r.stdout[-5000:]
     new = record(cluster)["job_id"]
     assert new != old and job_state(cluster, new) == "RUNNING"
-    assert f"resume from {OUT}/checkpoint-{ckpt}," in r.stdout, r.stdout[-3000:]
+    assert set(jobs_of_this_user(cluster)) - {old} == {new}, "one new job: the second shard submitted none"
+    logs = [(run_dir_of(r.stdout) / "shards" / f"{i}.log").read_text() for i in (0, 1)]
+    assert f"resume from {OUT}/checkpoint-{ckpt}," in logs[0], logs[0][-3000:]
+    for log in logs:  # each shard's nodes wait on the one job
+        assert f"Slurm job {new} " in log, log[-3000:]
     line = f"trainyard: resumed from {OUT}/checkpoint-{ckpt} at step {ckpt}"
     assert wait_until(lambda: line in log_of(cluster, cluster.head), 300), log_of(cluster, cluster.head)[-2000:]
     for node in cluster.nodes:

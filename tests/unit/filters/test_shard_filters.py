@@ -125,3 +125,17 @@ def test_a_shard_without_its_directory_or_a_bad_wait_is_a_filter_error(tmp_path,
     monkeypatch.setenv(shards.ENV_WAIT, "later")
     with pytest.raises(AnsibleFilterError, match="TRAINYARD_SHARD_WAIT_S='later'"):
         F["trainyard_shard_hosts"](["n1"])
+
+
+def test_shard_splits_is_the_split_plays_decision(unsharded, shard_of, monkeypatch):
+    nodes = ["n%d" % i for i in range(1, 5)]
+    monkeypatch.setattr("sys.argv", ["ansible-playbook", "site.yml"])
+    assert F["trainyard_shard_splits"](nodes, 2, 2) is True
+    assert F["trainyard_shard_splits"](nodes, "2", "2") is True, "inventory values may be strings"
+    assert F["trainyard_shard_splits"](nodes, 0, 2) is False
+    assert F["trainyard_shard_splits"](nodes, "x", 2) is False, "a bad value: the validate play names it"
+    monkeypatch.setattr("sys.argv", ["ansible-playbook", "site.yml", "-l", "n1"])
+    assert F["trainyard_shard_splits"](nodes, 2, 2) is False
+    monkeypatch.setattr("sys.argv", ["ansible-playbook", "site.yml"])
+    shard_of(0)
+    assert F["trainyard_shard_splits"](nodes, 2, 2) is False, "a child never splits again"

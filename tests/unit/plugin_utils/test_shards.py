@@ -386,3 +386,27 @@ def test_retire_if_none_left_retires_only_a_shard_without_a_kept_node(tmp_path, 
     assert shards.retired(shards.Shard(0, 3, str(tmp_path)), 1) is None
     monkeypatch.delenv(shards.ENV_SHARD, raising=False)
     assert shards.retire_if_none_left([]) is False, "unsharded: nothing to retire"
+
+
+# decide(): whether this process splits (the split play's action and the validate play read the same answer).
+
+
+def test_decide_splits_above_per_shard_nodes_into_at_most_max_shards(monkeypatch):
+    monkeypatch.delenv(shards.ENV_SHARD, raising=False)
+    nodes = ["n%d" % i for i in range(1, 7)]
+    assert shards.decide(nodes, 2, 2, ["ansible-playbook", "site.yml"]) == ([nodes[:3], nodes[3:]], "")
+    plan, why = shards.decide(nodes, 2, 0, ["ansible-playbook", "site.yml"], cores=4)
+    assert len(plan) == 2 and why == "", "max_shards 0: half the cores"
+
+
+def test_decide_keeps_one_process_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.delenv(shards.ENV_SHARD, raising=False)
+    nodes = ["n%d" % i for i in range(1, 7)]
+    plan, why = shards.decide(nodes, 0, 4, ["ansible-playbook"])
+    assert plan == [nodes] and why == "6 node(s) in one ansible-playbook process (cluster_shard_nodes 0)"
+    plan, why = shards.decide(nodes, 6, 4, ["ansible-playbook"])
+    assert plan == [nodes] and "one ansible-playbook process" in why
+    plan, why = shards.decide(nodes, 2, 4, ["ansible-playbook", "site.yml", "--limit", "n1"])
+    assert len(plan) == 3 and "--limit" in why, "the plan it would have had, and why not"
+    env = {shards.ENV_SHARD: "0/2", shards.ENV_DIR: str(tmp_path)}
+    assert shards.decide(nodes, 2, 4, ["ansible-playbook"], environ=env)[1].startswith("a shard of a sharded run")

@@ -284,6 +284,19 @@ def group_alive(pgid, proc="/proc"):
     return False
 
 
+def decide(nodes, per_shard, max_shards, argv, environ=None, cores=None):
+    """(plan, why): the shards this process splits nodes into, why empty; or, where it runs them itself, the plan it
+    would have had and why not (a child of a sharded run, one shard is enough, or a command line that cannot be
+    split). max_shards 0: half the controller's cores."""
+    if current(environ) is not None:
+        return [list(nodes)], "a shard of a sharded run: it runs its own nodes"
+    cores = os.cpu_count() if cores is None else cores
+    plan = split(nodes, per_shard, max_shards or max(1, (cores or 2) // 2))
+    if len(plan) < 2:
+        return plan, "%d node(s) in one ansible-playbook process (cluster_shard_nodes %d)" % (len(list(nodes)), per_shard)
+    return plan, refusal(argv)
+
+
 def refusal(argv):
     """Why this command line cannot be split ('' when it can): a limit (the shards are the whole inventory's) or a
     prompt (a child has no terminal)."""
