@@ -34,6 +34,12 @@ options:
     description: C(cluster_shard_max), at most this many children; 0 is half the controller's cores.
     type: int
     default: 0
+  expected:
+    description: >-
+      Whether the validate play decided that this process splits (C(__cluster_splits): it then gave the nodes their
+      model without C(hosts_by_rank)). A run that should split and does not stops here, before any node play.
+    type: bool
+    default: false
   wait_s:
     description: C(cluster_shard_wait_s), how long a cross-node step waits for the other shards.
     type: int
@@ -74,6 +80,7 @@ import sys
 import time
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.utils.display import Display
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, shards
 
@@ -93,6 +100,10 @@ class ActionModule(bases.ControllerAction):
             raise AnsibleActionFail("trainyard_shards: cluster_shard_nodes and cluster_shard_max are 0 or more, "
                                     "cluster_shard_wait_s 1 or more")
         plan, why = shards.decide(nodes, per_shard, max_shards, sys.argv)
+        if why and boolean(args.get("expected", False), strict=False):
+            raise AnsibleActionFail("trainyard_shards: the validate play decided to split this run and this play does "
+                                    "not (%s): its node plays would run without every node's cluster model. Nothing "
+                                    "was changed on a node; rerun, and report it if it happens again" % why)
         if why:
             if len(plan) > 1 and shards.current() is None:
                 display.warning("Not splitting the run over %d processes: %s." % (len(plan), why))

@@ -54,3 +54,11 @@ def test_a_limit_or_a_prompt_keeps_one_process_and_says_why(monkeypatch, argv, w
 def test_bad_numbers_are_refused_naming_the_variables(args):
     with pytest.raises(AnsibleActionFail, match="cluster_shard"):
         decide(args)
+
+
+@pytest.mark.parametrize("args", [{"per_shard": 0}, {"per_shard": 8}])
+def test_a_run_the_validate_play_expected_to_split_stops_when_it_does_not(args):
+    with pytest.raises(AnsibleActionFail) as e:
+        decide(dict(args, expected=True))
+    assert "the validate play decided to split this run" in str(e.value) and "Nothing was changed" in str(e.value)
+    assert decide(dict(args, expected=False))["sharded"] is False
