@@ -162,6 +162,10 @@ def test_relaunch_resumes_from_the_last_complete_checkpoint_as_a_new_slurm_job(c
     assert f"resume from {OUT}/checkpoint-{ckpt}," in logs[0], logs[0][-3000:]
     for log in logs:  # each shard's nodes wait on the one job
         assert f"Slurm job {new} " in log, log[-3000:]
+    # Only the head's shard submits (two shards racing past slurm_job's record check would submit twice).
+    submit = [log.split("TASK [launch : Submit the job to Slurm from the head", 1)[1].split("TASK [", 1)[0] for log in logs]
+    assert re.search(r"^changed: ", submit[0], re.M) and not re.search(r"^(ok|changed): ", submit[1], re.M), submit
+    assert re.search(r"^skipping: ", submit[1], re.M), submit[1]
     line = f"trainyard: resumed from {OUT}/checkpoint-{ckpt} at step {ckpt}"
     assert wait_until(lambda: line in log_of(cluster, cluster.head), 300), log_of(cluster, cluster.head)[-2000:]
     for node in cluster.nodes:
