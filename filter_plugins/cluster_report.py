@@ -93,6 +93,13 @@ def shared_model_keys_out(model: Any, hosts: list[str]) -> Any:
     return model
 
 
+def report_models(models: Mapping[str, Any], hosts: list[str]) -> dict:
+    """{host: cluster_model} without hosts_by_rank where it is hosts (the validate play's cluster_hosts_by_rank):
+    the report play reduces the models before a sharded run's exchange, so no shard writes or reads n x n names."""
+    hosts = list(hosts)
+    return {h: shared_model_keys_out(m, hosts) for h, m in dict(models or {}).items()}
+
+
 def build_report(results: Mapping[str, Any], hosts: Iterable[str], models: Mapping[str, Any] | None = None,
                  run_id: str = "", run_dir: str = "", generated: str | None = None,
                  plans: Mapping[str, Any] | None = None, check_mode: bool = False) -> dict:
@@ -319,6 +326,7 @@ class FilterModule:
     def filters(self):
         return {
             "trainyard_preflight_report": build_report,
+            "trainyard_report_models": report_models,
             "trainyard_report_table": table,
             "trainyard_report_failures": failure_lines,
             "trainyard_report_warnings": warning_lines,

@@ -117,3 +117,14 @@ def test_what_every_node_shares_is_written_once():
     assert rep.build_report(results, HOSTS, models, run_id="r1")["cluster_model"]["a"]["hosts_by_rank"] == ["a", "b"]
     # Without a run id nothing was filtered by it: the stamps stay.
     assert all(x["run"] == "r1" for x in rep.build_report(results, HOSTS, models)["records"])
+
+
+def test_report_models_drop_hosts_by_rank_only_where_it_is_the_whole_cluster():
+    f = load("filter_plugins/cluster_report.py", "cluster_report").FilterModule().filters()["trainyard_report_models"]
+    ranks = ["n2", "n1", "n3"]
+    models = {"n1": {"node_rank": 1, "hosts_by_rank": list(ranks)},
+              "n2": {"node_rank": 0, "hosts_by_rank": ["n2", "n1"]},  # a kept node's model after an exclusion
+              "n3": {"node_rank": 2}}
+    out = f(models, ranks)
+    assert out == {"n1": {"node_rank": 1}, "n2": {"node_rank": 0, "hosts_by_rank": ["n2", "n1"]}, "n3": {"node_rank": 2}}
+    assert models["n1"]["hosts_by_rank"] == ranks, "the input is not changed"
