@@ -6,6 +6,8 @@ reads hostvars as before.
 
 from __future__ import annotations
 
+import sys
+
 from ansible.errors import AnsibleFilterError
 from ansible_collections.trainyard.core.plugins.plugin_utils import shards
 
@@ -38,7 +40,6 @@ def shard_hosts(hosts):
 def shard_splits(nodes, per_shard, max_shards):
     """Whether this process will split nodes over child processes (plugin_utils/shards.py decide): the split play of
     site.yml decides the same way later, from the same values."""
-    import sys
     try:
         return not shards.decide(list(nodes), int(per_shard), int(max_shards), sys.argv)[1]
     except (TypeError, ValueError):
@@ -62,4 +63,5 @@ def shard_leader(step):
 class FilterModule:
     def filters(self):
         return {"trainyard_shard_union": shard_union, "trainyard_shard_hosts": shard_hosts,
-                "trainyard_shard_leader": shard_leader, "trainyard_sharded": shard_active, "trainyard_shard_splits": shard_splits}
+                "trainyard_shard_leader": shard_leader, "trainyard_sharded": shard_active,
+                "trainyard_shard_splits": shard_splits}
