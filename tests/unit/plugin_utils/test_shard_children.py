@@ -38,6 +38,16 @@ def start(tmp_path, body, plan=PLAN, args=(), **kw):
     return root, shards.Children(root, plan, sys.executable, [str(path)] + list(args), RUN_ID, **kw)
 
 
+def run_to_end(tmp_path, body, **kw):
+    """start(), every relayed line until the children ended (drain), then stop(): (root, children, relayed)."""
+    root, children = start(tmp_path, body, **kw)
+    try:
+        got = drain(children)
+    finally:
+        children.stop(grace_s=2)
+    return root, children, got
+
+
 def wait_for(pred, timeout=5.0, what="a condition"):
     deadline = time.monotonic() + timeout
     while not pred():
@@ -165,11 +175,7 @@ def test_children_write_the_plan_and_limits_and_each_child_gets_its_shard(tmp_pa
 
 
 def test_the_default_wait_reaches_the_children(tmp_path):
-    root, children = start(tmp_path, "out(os.environ['TRAINYARD_SHARD_WAIT_S'])\n", plan=[["n1"]])
-    try:
-        drain(children)
-    finally:
-        children.stop(grace_s=2)
+    root, _, _ = run_to_end(tmp_path, "out(os.environ['TRAINYARD_SHARD_WAIT_S'])\n", plan=[["n1"]])
     assert float(log(root, 0)) == shards.DEFAULT_WAIT_S
 
 
@@ -253,11 +259,8 @@ def test_a_line_written_in_two_pieces_is_relayed_once_whole(tmp_path):
 
 
 def test_a_failed_child_is_recorded_with_its_exit_code(tmp_path):
-    root, children = start(tmp_path, "sys.exit(4 + SHARD)\n")
-    try:
-        assert drain(children) == []
-    finally:
-        children.stop(grace_s=2)
+    root, children, got = run_to_end(tmp_path, "sys.exit(4 + SHARD)\n")
+    assert got == []
     assert children.rcs == {0: 4, 1: 5}
     assert [ended(root, i)["rc"] for i in range(2)] == [4, 5]
 
@@ -321,11 +324,7 @@ def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace_period(tmp_path
 
 
 def test_stop_after_every_child_ended_changes_nothing(tmp_path):
-    root, children = start(tmp_path, "sys.exit(3)\n", plan=[["n1"]])
-    try:
-        drain(children)
-    finally:
-        children.stop(grace_s=2)
+    root, children, _ = run_to_end(tmp_path, "sys.exit(3)\n", plan=[["n1"]])
     assert children.rcs == {0: 3} and ended(root, 0) == {"rc": 3, "reason": "exited"}
 
 
@@ -348,11 +347,7 @@ def test_recap_is_the_host_lines_after_the_last_play_recap(tmp_path):
         out("")
         out("Tuesday 02 January 2024  03:04:05 +0000 (0:00:00.010)       0:00:12.345 ******")
     """
-    root, children = start(tmp_path, body)
-    try:
-        drain(children)
-    finally:
-        children.stop(grace_s=2)
+    _, children, _ = run_to_end(tmp_path, body)
     assert children.recap(0) == [
         "n1                         : ok=3    changed=1    unreachable=0    failed=0",
         "n2                         : ok=2    changed=0    unreachable=0    failed=1",
@@ -409,12 +404,8 @@ def test_a_start_that_fails_part_way_stops_the_children_already_started(tmp_path
 
 
 def test_the_last_line_of_a_child_without_a_newline_is_relayed(tmp_path):
-    root, children = start(tmp_path, "import sys; sys.stdout.write('ERROR! the last words'); sys.exit(3)",
-                           plan=[["n1"]])
-    try:
-        got = drain(children)
-    finally:
-        children.stop(grace_s=1)
+    root, children, got = run_to_end(tmp_path, "import sys; sys.stdout.write('ERROR! the last words'); sys.exit(3)",
+                                     plan=[["n1"]])
     assert (0, "ERROR! the last words") in got and children.rcs == {0: 3}
 
 
