@@ -16,7 +16,9 @@ description:
   - "C(state=submitted), on the head: C(sbatch) of the runner (one task per node on exactly I(nodes), I(exclude)
     excluded; C(srun) runs each node's torchrun in the training container through C(docker exec): pyxis/enroot are
     not used). The job id goes to C(<state_root>/<job>/slurm.json). A recorded job that Slurm still holds is left
-    alone (C(changed=false)); a recorded job that ended is replaced by a new submission."
+    alone (C(changed=false)); a recorded job that ended is replaced by a new submission. Two submitters at once: the
+    second waits on a lock in the host-only C(slurm/) directory until the first has written its record, then finds
+    that job (one submission)."
   - "C(state=status), on every node: Slurm's state of the recorded job (C(squeue), then C(scontrol show job)) and this
     node's own log C(<state_root>/<job>/job-rw/slurm.log): running / finished / failed with torchrun's first failure
     (rank, exit code, signal), in the shape torchrun_launch's status returns."
@@ -248,6 +250,8 @@ log:
 """
 
 import base64
+import contextlib
+import fcntl
 import inspect
 import json
 import os
@@ -376,7 +380,30 @@ class SlurmJob(object):
         return "", (err or err2 or "Slurm does not know job %s" % job_id).strip()[-200:]
 
     # ---------------------------------------------------------------- submitted
+    @contextlib.contextmanager
+    def submit_lock(self):
+        """Held from reading the record to writing it: a second submitter (another shard, another controller) waits
+        here and then finds the first one's job, instead of submitting a second. A lock file in the host-only
+        directory of the task (never job-writable), opened without following a link; the kernel drops it when the
+        module ends, however it ends."""
+        if self.m.check_mode:
+            yield
+            return
+        if not os.path.isdir(self.sub):
+            self.fail("%s is missing: run slurm_job state=prepared on every node first" % self.script)
+        fd = os.open(os.path.join(self.sub, sl.SUBMIT_LOCK_FILE),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def submitted(self):
+        with self.submit_lock():
+            return self._submitted()
+
+    def _submitted(self):
         p = self.p
         rec = self.load_record()
         if rec:

@@ -61,6 +61,8 @@ ALLOWED = {
     ("library/slurm_job.py", "SlurmJob.differs", "open"): "reads node.json, job.env and the runner in " + HOST_ONLY_STATE
     + "slurm/ (0700)",
     ("library/slurm_job.py", "SlurmJob.load_record", "open"): "reads slurm.json in " + HOST_ONLY_STATE,
+    ("library/slurm_job.py", "SlurmJob.submit_lock", "os.open"): "the submit lock in " + HOST_ONLY_STATE
+    + "slurm/ (0700), O_NOFOLLOW",
     ("library/slurm_job.py", "SlurmJob.status", "open"): "reads slurm/node.json in " + HOST_ONLY_STATE,
     ("library/slurm_job.py", "SlurmJob.collected", "open"): "reads slurm.json in " + HOST_ONLY_STATE
     + " (the batch output, which the job step writes, goes through the layer)",

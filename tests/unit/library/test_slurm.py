@@ -220,3 +220,30 @@ def test_a_nodes_state_reads_only_the_lines_of_this_slurm_job():
     assert sl.this_job_log(new, "3").startswith("trainyard: slurm job 3 step 0") and "exitcode: -9" not in sl.this_job_log(new, "3")
     assert sl.node_state("RUNNING", sl.node_exit(sl.this_job_log(old, "3")), None) == "running"
 
+
+
+def test_two_submitters_at_once_submit_one_job(tmp_path, monkeypatch):
+    """Two slurm_job state=submitted on the head at the same moment (two shards of one run): the second waits on the
+    submit lock, then finds the first one's job running and leaves it alone. A stand-in sbatch (slow, counting its
+    calls) and squeue (RUNNING for every id sbatch gave) on PATH."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch.calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\nsleep 1\necho x >> %s\nwc -l < %s | tr -d ' '\n" % (calls, calls))
+    (bin_dir / "squeue").write_text(
+        "#!/bin/sh\n# squeue -h -j ID -o ...\n[ -s %s ] && echo \"$3|RUNNING|n1\"\n" % calls)
+    for name in ("sbatch", "squeue"):
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    state = tmp_path / "state"
+    (state / "train" / "slurm").mkdir(parents=True)
+    (state / "train" / "slurm" / "slurm_node.py").write_text("#!/usr/bin/python3\n")
+    args = {"state": "submitted", "job": "train", "state_root": str(state), "nodes": ["n1", "n2"]}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: adhoc("slurm_job", args), range(2)))
+    assert calls.read_text().count("x") == 1, results
+    assert sorted(r["changed"] for r in results) == [False, True], results
+    assert {r["job_id"] for r in results} == {"1"}, results
+    assert "left alone" in next(r for r in results if not r["changed"])["msg"]

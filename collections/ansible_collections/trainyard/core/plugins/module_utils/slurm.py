@@ -18,6 +18,7 @@ SUBDIR = "slurm"
 RUNNER_FILE = "slurm_node.py"
 NODE_SPEC_FILE = "node.json"
 BATCH_SPEC_FILE = "batch.json"
+SUBMIT_LOCK_FILE = "submit.lock"  # slurm_job state=submitted holds it from reading the record to writing it
 LOG_FILE = "slurm.log"
 ENV_FILE = "job.env"
 EXIT_LINE = re.compile(r"^trainyard: torchrun on this node exited with (-?\d+)$", re.M)
