@@ -53,6 +53,15 @@ def test_a_report_that_proves_nothing_is_a_clear_error():
                   ["n1"], {})
 
 
+def test_another_clusters_report_is_a_clear_error():
+    """Two inventories run from one checkout: runs/latest is the other one's run; the export names it, not pins it."""
+    with pytest.raises(se.ExportError, match=r"not this cluster's: it has no record of m1, m2, m3, m4 and 1 more "
+                                             r"\(it checked n1, n2\).*-e export_report="):
+        se.health(report(), ["m1", "m2", "m3", "m4", "m5"], {})
+    with pytest.raises(se.ExportError, match=r"no record of n3(?! \()"):
+        se.health(report(), ["n1", "n2", "n3"], {})  # the same cluster grown by a node since that run
+
+
 COMMAND = ["torchrun", "--nnodes=3", "--nproc_per_node=8", "--node_rank=0", "--master_addr=10.0.0.1",
            "--master_port=39500", "--rdzv_backend=static", "--max_restarts=0", "/srv/code/train.py", "--lr", "1e-4",
            "--name", "it's; $(reboot)"]

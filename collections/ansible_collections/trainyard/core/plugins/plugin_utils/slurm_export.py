@@ -43,10 +43,24 @@ def _first(rx: re.Pattern, text: Any) -> str | None:
     return m.group(1) if m else None
 
 
+def _names(hosts: list[str], shown: int = 4) -> str:
+    return ", ".join(hosts[:shown]) + (" and %d more" % (len(hosts) - shown) if len(hosts) > shown else "")
+
+
 def health(report: Mapping, hosts: list[str], names: Mapping[str, str]) -> dict:
     """{"run_id", "nodes": {slurm name: {driver_version, fabricmanager_version, data_iface, data_mtu, ib_rate_gbps,
     gpu_count}}}: only values a passing check of this report recorded; a value no check proved is null, and the
-    prolog does not compare it."""
+    prolog does not compare it. A report without a record of one of these hosts is another cluster's (runs/latest is
+    the newest run of any inventory): an error naming them and the fix."""
+    checked = set(report.get("hosts") or []) | {r.get("host") for r in report.get("records") or []}
+    unknown = [h for h in hosts if h not in checked]
+    if unknown:
+        others = sorted(str(h) for h in checked - set(hosts))
+        raise ExportError(
+            "report %s is not this cluster's: it has no record of %s%s. runs/latest links the newest run of any "
+            "inventory run from this checkout: run site.yml with this inventory, or pass -e export_report=runs/<its run "
+            "id>/report.json" % (report.get("run_id"), _names(unknown),
+                                  " (it checked %s)" % _names(others) if others else ""))
     nodes = {}
     for host in hosts:
         rec = _passed(report, host)
