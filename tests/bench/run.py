@@ -316,7 +316,7 @@ def main() -> int:
         write_doc(sections, keep_header)
     if "shards" in only:
         import shards as shards_bench
-        raw = shards_bench.RAW if args.shard_kind == "light" else shards_bench.RAW_USER
+        raw = shards_bench.raw_path(args.shard_kind)
         if args.from_raw:
             results = json.loads(raw.read_text())
         else:

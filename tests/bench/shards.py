@@ -38,6 +38,11 @@ def log(msg: str) -> None:
     scale.log(msg)
 
 
+def raw_path(kind: str) -> Path:
+    """The raw output of a kind of run: the light harness's, or the user path's."""
+    return RAW_USER if kind == "user" else RAW
+
+
 def report_statuses() -> dict:
     data = json.loads((REPO / "runs/latest/report.json").read_text())
     return {f"{x['host']} {x['check']}": x["status"] for x in data["records"]}
@@ -82,7 +87,7 @@ def bench_shards(sizes: list[int], counts: list[int], repeats: int, kind: str = 
                         row["statuses"] = report_statuses()
                         entry["runs"].append(row)
                         log(f"  K={k}: shard main processes {row['shard_main_cpu_s']} CPU-s")
-                        RAW.write_text(json.dumps(results, indent=1) + "\n")
+                        raw_path(kind).write_text(json.dumps(results, indent=1) + "\n")  # a cut run keeps these
             finally:
                 subprocess.run([*SIM, "down", "--name", name], cwd=REPO, check=False)
     finally:
@@ -209,7 +214,7 @@ def section(results: dict, machine: str) -> str:
     user = results.get("kind") == "user"
     what = ("default simulated nodes, every role on, converged site.yml with a long job running (the user's path)"
             if user else "light simulated nodes, converged site.yml --skip-tags launch")
-    raw = (RAW_USER if user else RAW).relative_to(REPO)
+    raw = raw_path("user" if user else "light").relative_to(REPO)
     lines = [f"## Sharded runs{', every role on' if user else ''}: one process against K (docs/sharding.md)", "",
              f"Command: `{results.get('command', '')}` at {results.get('commit', '?')}, {results.get('date', '?')}; "
              f"{machine}. {what[0].upper() + what[1:]}, each K in turn per round (medians). Raw: `{raw}`.", "",
