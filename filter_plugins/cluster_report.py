@@ -43,6 +43,8 @@ the report's hosts.
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import re
 from functools import partial
 from typing import Any, Iterable, Mapping
 
@@ -322,6 +324,29 @@ def recover_markdown(section: Mapping) -> list[str]:
     return out
 
 
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def cluster_latest(inventory_dir: str | None) -> str:
+    """The name of this cluster's newest-run link under runs/: latest-<cluster>, after the inventory directory
+    (inventory/<cluster>/, the layout the docs use), or latest (the newest run of any inventory) when that
+    directory's name is not a plain file name."""
+    cluster = os.path.basename(str(inventory_dir or "").rstrip("/"))
+    return "latest-" + cluster if _CLUSTER_NAME.match(cluster) and cluster not in (".", "..") else "latest"
+
+
+def run_links(run_path: str, inventory_dir: str | None = None) -> list[dict]:
+    """The links a run's report directory gets under runs/ (job_files' links): runs/latest, the newest run of any
+    inventory, and runs/latest-<cluster> (cluster_latest), the newest of this cluster: what playbooks/export.yml
+    reads, so that a run on another cluster from the same checkout does not take its place. None outside runs/ (a
+    cluster_run_dir of the user's)."""
+    parent, name = os.path.split(str(run_path).rstrip("/"))
+    if os.path.basename(parent) != "runs":
+        return []
+    names = dict.fromkeys(["latest", cluster_latest(inventory_dir)])
+    return [{"path": parent + "/" + link, "target": name} for link in names]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -334,4 +359,6 @@ class FilterModule:
             "trainyard_report_plan": plan_lines,
             "trainyard_report_pending": pending_lines,
             "trainyard_report_plan_verdict": plan_verdict,
+            "trainyard_run_links": run_links,
+            "trainyard_cluster_latest": cluster_latest,
         }

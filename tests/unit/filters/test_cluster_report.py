@@ -128,3 +128,17 @@ def test_report_models_drop_hosts_by_rank_only_where_it_is_the_whole_cluster():
     out = f(models, ranks)
     assert out == {"n1": {"node_rank": 1}, "n2": {"node_rank": 0, "hosts_by_rank": ["n2", "n1"]}, "n3": {"node_rank": 2}}
     assert models["n1"]["hosts_by_rank"] == ranks, "the input is not changed"
+
+
+def test_run_links_name_the_newest_run_of_any_inventory_and_of_this_cluster():
+    """runs/latest is the newest run of any inventory run from this checkout; runs/latest-<inventory directory> the
+    newest of this cluster (what playbooks/export.yml reads). A run directory outside runs/ gets no link; an inventory
+    directory whose name is not a plain file name gets only runs/latest."""
+    assert rep.run_links("/p/runs/20261129T0400Z/", "/p/inventory/prod") == [
+        {"path": "/p/runs/latest", "target": "20261129T0400Z"},
+        {"path": "/p/runs/latest-prod", "target": "20261129T0400Z"}]
+    assert rep.run_links("/p/runs/r1", "") == [{"path": "/p/runs/latest", "target": "r1"}]
+    assert rep.run_links("/srv/reports/r1", "/p/inventory/prod") == []
+    for bad in ("/p/inventory/..", "/p/inventory/a b", "/p/inventory/-x", None, "/"):
+        assert rep.cluster_latest(bad) == "latest", bad
+    assert rep.cluster_latest("/p/inventory/sim-tp4/") == "latest-sim-tp4"

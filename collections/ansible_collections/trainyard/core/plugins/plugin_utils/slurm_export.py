@@ -50,17 +50,16 @@ def _names(hosts: list[str], shown: int = 4) -> str:
 def health(report: Mapping, hosts: list[str], names: Mapping[str, str]) -> dict:
     """{"run_id", "nodes": {slurm name: {driver_version, fabricmanager_version, data_iface, data_mtu, ib_rate_gbps,
     gpu_count}}}: only values a passing check of this report recorded; a value no check proved is null, and the
-    prolog does not compare it. A report without a record of one of these hosts is another cluster's (runs/latest is
-    the newest run of any inventory): an error naming them and the fix."""
+    prolog does not compare it. A report without a record of one of these hosts is another cluster's (or this one's
+    before a node was added): an error naming them and the fix."""
     checked = set(report.get("hosts") or []) | {r.get("host") for r in report.get("records") or []}
     unknown = [h for h in hosts if h not in checked]
     if unknown:
         others = sorted(str(h) for h in checked - set(hosts))
         raise ExportError(
-            "report %s is not this cluster's: it has no record of %s%s. runs/latest links the newest run of any "
-            "inventory run from this checkout: run site.yml with this inventory, or pass -e export_report=runs/<its run "
-            "id>/report.json" % (report.get("run_id"), _names(unknown),
-                                  " (it checked %s)" % _names(others) if others else ""))
+            "report %s is not this cluster's: it has no record of %s%s. Run site.yml with this inventory (its report "
+            "becomes runs/latest-<inventory directory>), or pass -e export_report=runs/<its run id>/report.json"
+            % (report.get("run_id"), _names(unknown), " (it checked %s)" % _names(others) if others else ""))
     nodes = {}
     for host in hosts:
         rec = _passed(report, host)
