@@ -316,6 +316,7 @@ def main() -> int:
         write_doc(sections, keep_header)
     if "shards" in only:
         import shards as shards_bench
+        import userpath
         raw = shards_bench.raw_path(args.shard_kind)
         if args.from_raw:
             results = json.loads(raw.read_text())
@@ -327,7 +328,13 @@ def main() -> int:
                                   f"--shard-sizes {args.shard_sizes} --shard-counts {args.shard_counts} "
                                   f"--repeats {args.repeats}")
             raw.write_text(json.dumps(results, indent=1) + "\n")
-        sections.append(shards_bench.section(results, machine()))
+        estimate = None
+        if args.shard_kind == "user" and shards_bench.RAW.exists() and userpath.RAW.exists():
+            estimate = shards_bench.user_estimate(json.loads(shards_bench.RAW.read_text()),
+                                                  json.loads(userpath.RAW.read_text()))
+            results["estimate"] = estimate
+            raw.write_text(json.dumps(results, indent=1) + "\n")
+        sections.append(shards_bench.section(results, machine(), estimate))
         print(sections[-1], flush=True)
         write_doc(sections, keep_header)
     if "mitogen" in only:

@@ -209,7 +209,49 @@ def projection(rows: list[dict], cores: int = 16) -> dict:
     return out
 
 
-def section(results: dict, machine: str) -> str:
+def user_estimate(light_results: dict, userpath_results: dict, cores: int = 16) -> dict:
+    """The user path sharded, estimated from firmer parts than its own runs at 4-8 nodes: the light harness's sharded
+    fits (its raw file: 16-64 nodes, K varied, so a child's per-shard and per-cluster terms are told apart) plus what
+    the roles the light harness cannot run add per node (tests/bench/userpath.py roles_cost, one process, user(n) -
+    light(n) at the same sizes): their main-process cost lands in the child that holds the node, the rest with the
+    workers over the cores."""
+    import userpath
+    p = projection(summary(light_results), cores)
+    roles = userpath.roles_cost(userpath_results)
+    if not p or "controller_cpu_s" not in roles or "controller_main_cpu_s" not in roles:
+        return {}
+    main_n = roles["controller_main_cpu_s"]["per_node"]
+    rest_n = roles["controller_cpu_s"]["per_node"] - main_n
+    fixed = roles["controller_cpu_s"]["fixed"]
+
+    def at(n, k):
+        s_ = -(-n // k)
+        parent = p["parent_main"][0] + p["parent_main"][1] * n
+        child = p["child_main"][0] + p["child_main"][1] * s_ + p["child_main"][2] * n + main_n * s_
+        workers = p["workers"][0] + p["workers"][1] * n + rest_n * n + fixed
+        return parent + child + workers / cores
+
+    return {"light": {k: light_results.get(k) for k in ("commit", "date", "command")},
+            "userpath": {k: userpath_results.get(k) for k in ("commit", "date", "command")},
+            "roles_main_per_node": main_n, "roles_workers_per_node": round(rest_n, 3), "roles_fixed": fixed,
+            "points": [{"nodes": n, "k": k, "estimated_s": round(at(n, k), 1)}
+                       for n, k in ((256, 8), (256, 16), (1024, 16), (1024, 32))]}
+
+
+def estimate_lines(est: dict) -> list[str]:
+    if not est:
+        return []
+    lines = ["", "Estimated instead from the light harness's sharded fits (`docs/benchmarks-shards.json`, "
+                 f"{est['light']['commit']}, {est['light']['date']}: 16-64 nodes, K varied) plus what the roles add per "
+                 f"node in one process (`docs/benchmarks-userpath.json`, {est['userpath']['commit']}, "
+                 f"{est['userpath']['date']}: the main process {est['roles_main_per_node']} CPU-s, in the child that "
+                 f"holds the node; the workers {est['roles_workers_per_node']}, over the cores); same projection rules:",
+             "", "| nodes | K | estimated s |", "|---|---|---|"]
+    lines += [f"| {x['nodes']} | {x['k']} | {x['estimated_s']} |" for x in est["points"]]
+    return lines
+
+
+def section(results: dict, machine: str, estimate: dict | None = None) -> str:
     rows = summary(results)
     user = results.get("kind") == "user"
     what = ("default simulated nodes, every role on, converged site.yml with a long job running (the user's path)"
@@ -243,4 +285,5 @@ def section(results: dict, machine: str) -> str:
         lines += ["", f"The last column takes the workers' per-node cost as the scale section's model does, growing "
                       f"with n ({p['workers_growing'][0]} + {p['workers_growing'][1]}·n CPU-s per node), the cautious "
                       "extrapolation; the one before it, the workers' total as a line in n."]
+    lines += estimate_lines(estimate or {})
     return "\n".join(lines) + "\n"
