@@ -13,7 +13,7 @@ from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
 from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
-    engine_record, gpus_record, registry_reach_record, running_record)
+    digest_record, engine_record, gpus_record, registry_reach_record, running_record)
 
 
 def image_repository(ref: str) -> str:
@@ -356,6 +356,7 @@ class FilterModule:
             "container_engine_record": engine_record,
             "container_gpus_record": gpus_record,
             "container_running_record": running_record,
+            "container_digest_record": digest_record,
             "container_registry_reach_record": registry_reach_record,
             "container_reset_summary": reset_summary,
         }

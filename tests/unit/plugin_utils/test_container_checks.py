@@ -144,6 +144,27 @@ def test_running_fail_on_ulimits_names_the_engine_limits():
                           "container_ulimits")
 
 
+def test_digest_record_pass_fail_skip_and_its_drift_value():
+    """container.image_digest, as roles/container/tasks/verify.yml records it through container_digest_record (the
+    same fields the task's YAML built before: status from the node's verdict, the drift value the repo digest, else
+    the image id; pending on the pull)."""
+    assert cf.FilterModule().filters()["container_digest_record"] is cc.digest_record
+    ok = {"ok": True, "detail": "sha256:aa (as 3 of 3 nodes)", "id": "sha256:11", "repo_digest": "r@sha256:aa",
+          "reference": "r:1"}
+    rec = cc.digest_record(ok, True, "r:1", {"changed": False})
+    assert rec == {"check": "container.image_digest", "status": "pass", "detail": "sha256:aa (as 3 of 3 nodes)",
+                   "fix": "", "data": {"image": "r:1", "image_id": "sha256:11", "repo_digest": "r@sha256:aa",
+                                       "reference": "r:1", "drift": {"image_digest": "r@sha256:aa"}},
+                   "pending_on": {"container : Pull the training image": {"changed": False}}}
+    bad = dict(ok, ok=False, repo_digest="", fix="Pull r:1 again on node3")
+    rec = cc.digest_record(bad, "true", "r:1")
+    assert rec["status"] == "fail" and rec["fix"] == "Pull r:1 again on node3"
+    assert rec["data"]["drift"] == {"image_digest": "sha256:11"} and rec["pending_on"] == {
+        "container : Pull the training image": {}}
+    off = cc.digest_record(ok, False, "r:1")
+    assert off["status"] == "skip" and off["detail"] == "not checked: the engine does not answer"
+
+
 def test_manifest_digest_of_one_manifest_or_a_platform_list():
     one = '{"Descriptor": {"digest": "sha256:aaa"}}'
     many = ('[{"Descriptor": {"digest": "sha256:arm", "platform": {"architecture": "arm64"}}},'

@@ -118,6 +118,24 @@ def gpus_record(ctx):
     }
 
 
+def digest_record(verdict, engine_ok, image, pull=None):
+    """container.image_digest from this node's verdict (container_digest_verdicts' entry: ok, detail, fix, id,
+    repo_digest, reference), whether the engine answered, container_image and the pull's result (pending on it in
+    check mode). The drift value is the repo digest, else the image id."""
+    verdict = verdict or {}
+    answered = _flag(engine_ok)
+    return {
+        "check": "container.image_digest",
+        "status": "skip" if not answered else "pass" if verdict.get("ok") else "fail",
+        "detail": verdict.get("detail") if answered else "not checked: the engine does not answer",
+        "fix": verdict.get("fix", ""),
+        "data": {"image": image, "image_id": verdict.get("id"), "repo_digest": verdict.get("repo_digest"),
+                 "reference": verdict.get("reference"),
+                 "drift": {"image_digest": verdict.get("repo_digest") or verdict.get("id")}},
+        "pending_on": {"container : Pull the training image": pull if pull is not None else {}},
+    }
+
+
 def running_record(ctx):
     """container.running from ctx: engine_ok, name (container_name), problems (container_config_problems's answer:
     the running container against the wanted configuration), mounts (how many), user (container_user), caps
