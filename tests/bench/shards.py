@@ -257,6 +257,7 @@ def section(results: dict, machine: str, estimate: dict | None = None) -> str:
     what = ("default simulated nodes, every role on, converged site.yml with a long job running (the user's path)"
             if user else "light simulated nodes, converged site.yml --skip-tags launch")
     raw = raw_path("user" if user else "light").relative_to(REPO)
+    roles = "every role on" if user else "the light harness's roles"
     lines = [f"## Sharded runs{', every role on' if user else ''}: one process against K (docs/sharding.md)", "",
              f"Command: `{results.get('command', '')}` at {results.get('commit', '?')}, {results.get('date', '?')}; "
              f"{machine}. {what[0].upper() + what[1:]}, each K in turn per round (medians). Raw: `{raw}`.", "",
@@ -278,7 +279,7 @@ def section(results: dict, machine: str, estimate: dict | None = None) -> str:
                       f"shard, n every node), every worker of the run {line(p['workers'])} (largest error of the "
                       f"main-process fits at a measured point: {p['fit_error_cpu_s']} CPU-s).", "",
                   f"Projected for a {p['cores']}-core controller (the main processes on one core each, the parent's "
-                  "then the busiest child's; the workers over the cores; the light harness's roles):", "",
+                  f"then the busiest child's; the workers over the cores; {roles}):", "",
                   "| nodes | K | projected s | projected s, workers' per-node cost growing with n |", "|---|---|---|---|"]
         lines += [f"| {x['nodes']} | {x['k']} | {x['projected_s']} | {x.get('projected_growing_s') or '-'} |"
                   for x in p["points"]]
