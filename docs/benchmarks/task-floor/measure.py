@@ -15,7 +15,7 @@ run from a cpuacct cgroup (tests/bench/scale.py CpuGroup: ansible-playbook, its 
 (run - noop run) / (tasks x nodes); rounds alternate the order.
 
 profile: one converged site.yml on the user's path (userpath.KINDS["user"]: the long job), every forked worker under
-cProfile in CPU time (worker_profile.py beside this file). Per task: workers, CPU ms per worker, template renders per
+cProfile in CPU time (tests/bench/callbacks/worker_profile.py). Per task: workers, CPU ms per worker, template renders per
 worker (Jinja renders through Ansible's templar: one per templated argument or variable read, nested variables
 rendered again at every read), ms per worker in Ansible's per-render context set-up (which wraps every variable in
 scope, about 500 at a site.yml task) and in the task's argument templating. cProfile adds its own cost to every
@@ -94,7 +94,7 @@ def floor(a, inv: Path, nodes: list[str]) -> dict:
 
 def profile(a, inv: Path, nodes: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix="tf-prof-"))
-    env = ansible_env({"ANSIBLE_CALLBACK_PLUGINS": f"{REPO / 'callback_plugins'}:{HERE}",
+    env = ansible_env({"ANSIBLE_CALLBACK_PLUGINS": f"{REPO / 'callback_plugins'}:{REPO / 'tests/bench/callbacks'}",
                        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,worker_profile",
                        "TRAINYARD_BENCH_WORKER_PROFILE": str(out)})
     argv = [str(BIN / "ansible-playbook"), "-i", str(inv), "site.yml", *userpath.KINDS["user"][1]]

@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
-"""Benchmark aid (docs/benchmarks/task-floor/measure.py profile): cProfile, in CPU time, of every worker Ansible forks.
+"""Benchmark aid: cProfile, in CPU time, of every worker Ansible forks (docs/benchmarks/task-floor/measure.py profile).
 
-Enabled only by measure.py's profiled run (ANSIBLE_CALLBACKS_ENABLED names it, TRAINYARD_BENCH_WORKER_PROFILE the
-directory). Wraps the worker's run method once, in ansible-playbook's own process before any fork, so that each worker
-writes <pid>.prof (pstats) and <pid>.task (the task's name) when it ends. A measurement tool, not product code: it
-reaches into ansible-core's worker class, which the product never does (tests/unit/layout/test_public_api_scan.py).
+Enabled by ANSIBLE_CALLBACKS_ENABLED naming it, with TRAINYARD_BENCH_WORKER_PROFILE the output directory and, if set,
+TRAINYARD_BENCH_WORKER_PROFILE_TASK a part of the task names to profile (every task otherwise). Wraps the worker's
+run method once, in ansible-playbook's own process before any fork, so that each profiled worker writes <pid>.prof
+(pstats) and <pid>.task (the task's name) when it ends. A measurement tool, not product code: it reaches into
+ansible-core's worker class, which the product never does (tests/unit/layout/test_public_api_scan.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ description:
 """
 
 _OUT = os.environ.get("TRAINYARD_BENCH_WORKER_PROFILE", "")
+_TASK = os.environ.get("TRAINYARD_BENCH_WORKER_PROFILE_TASK", "")
 _run = worker.WorkerProcess.run
 
 
 def _profiled(self):
+    if _TASK not in (getattr(self, "_task").get_name() or ""):
+        return _run(self)
     prof = cProfile.Profile(time.process_time)
     prof.enable()
     try:
