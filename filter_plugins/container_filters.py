@@ -13,7 +13,7 @@ from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
 from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
-    digest_record, engine_record, gpus_record, registry_reach_record, running_record)
+    digest_record, engine_record, gpus_record, pull_records, registry_reach_record, running_record)
 
 
 def image_repository(ref: str) -> str:
@@ -357,6 +357,7 @@ class FilterModule:
             "container_gpus_record": gpus_record,
             "container_running_record": running_record,
             "container_digest_record": digest_record,
+            "container_pull_records": pull_records,
             "container_registry_reach_record": registry_reach_record,
             "container_reset_summary": reset_summary,
         }

@@ -189,3 +189,31 @@ def test_registry_reach_pass_and_fail():
     assert bad["fix"].startswith("Make the registry (reg:5000) reachable from this node")
     assert cf.FilterModule().filters()["container_registry_reach_record"] is cc.registry_reach_record
     assert cc.registry_reach_record(None, "i", "r")["detail"].endswith("from the registry: ?")
+
+
+def test_pull_records_only_for_the_steps_that_ran():
+    """container.registry_login and container.image_pull as roles/container/vars/main.yml records them through
+    container_pull_records: none for a skipped or absent step; present, pulled and check mode's not present yet; a
+    failed pull names the engine's message on one line."""
+    assert cf.FilterModule().filters()["container_pull_records"] is cc.pull_records
+    assert cc.pull_records(None, None, "r:1", "reg:5000", "") == []
+    assert cc.pull_records({"skipped": True}, {"skipped": True, "changed": False}, "r:1", "reg:5000", "u") == []
+    present = {"changed": False, "image": {"Id": "sha256:1"}}
+    [rec] = cc.pull_records(present, {"skipped": True}, "r:1", "reg:5000", "u")
+    assert rec == {"check": "container.image_pull", "ok": True, "detail": "r:1 present",
+                   "fix": "Check that the node reaches the registry (reg:5000), the image name and tag, and the registry "
+                          "credentials (container_registry_username, container_registry_password)",
+                   "pending_on": {"container : Pull the training image": present}}
+    pulled = dict(present, changed=True)
+    assert cc.pull_records(pulled, None, "r:1", "reg", "u")[0]["detail"] == "r:1 pulled"
+    assert cc.pull_records(pulled, None, "r:1", "reg", "u", True)[0]["detail"] == "r:1 not present yet"
+    failed = {"changed": False, "failed": True, "msg": "Error response from daemon:\n  manifest unknown"}
+    [login, rec] = cc.pull_records(failed, {"changed": False, "login_result": {}}, "r:1", "reg", "bot")
+    assert login == {"check": "container.registry_login", "ok": True, "detail": "logged in to reg as bot",
+                     "fix": "Check container_registry_username and container_registry_password (a token may have "
+                            "expired) and container_registry_url"}
+    assert not rec["ok"] and rec["detail"] == "pulling r:1 failed: Error response from daemon: manifest unknown"
+    assert cc.pull_records(None, {"failed": True, "msg": "denied"}, "r:1", "reg", "bot")[0]["detail"] == (
+        "login failed at reg as bot")
+    long = cc.pull_records({"msg": "x" * 400}, None, "r:1", "reg", "u")[0]["detail"]
+    assert long.endswith("...") and len(long) == len("pulling r:1 failed: ") + 300

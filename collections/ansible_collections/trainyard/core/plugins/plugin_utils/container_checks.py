@@ -118,6 +118,32 @@ def gpus_record(ctx):
     }
 
 
+def pull_records(pull, login, image, registry, username, check_mode=False):
+    """container.registry_login and container.image_pull, each only where its step ran in this run (the result
+    registered and not skipped; tasks/preflight.yml pulls nothing: no record then): the login's result, the pull's
+    (the image present, pulled, or not present yet in check mode; else the engine's message), the image, its
+    registry and the registry user. The pull record is pending on the pull in check mode."""
+    out = []
+    if isinstance(login, dict) and not _flag(login.get("skipped")):
+        ok = "login_result" in login
+        out.append({"check": "container.registry_login", "ok": ok,
+                    "detail": ("logged in to " if ok else "login failed at ") + f"{registry} as {username}",
+                    "fix": "Check container_registry_username and container_registry_password (a token may have "
+                           "expired) and container_registry_url"})
+    if isinstance(pull, dict) and not _flag(pull.get("skipped")):
+        pulled = "image" in pull and "msg" not in pull
+        if pulled:
+            detail = image + (" present" if not pull.get("changed") else " not present yet" if _flag(check_mode)
+                              else " pulled")
+        else:
+            detail = f"pulling {image} failed: " + truncate(re.sub(r"\s+", " ", str(pull.get("msg", "?"))))
+        out.append({"check": "container.image_pull", "ok": pulled, "detail": detail,
+                    "fix": f"Check that the node reaches the registry ({registry}), the image name and tag, and the "
+                           "registry credentials (container_registry_username, container_registry_password)",
+                    "pending_on": {"container : Pull the training image": pull}})
+    return out
+
+
 def digest_record(verdict, engine_ok, image, pull=None):
     """container.image_digest from this node's verdict (container_digest_verdicts' entry: ok, detail, fix, id,
     repo_digest, reference), whether the engine answered, container_image and the pull's result (pending on it in
