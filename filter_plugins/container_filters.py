@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Pure helpers of the container role: image references, the same-image-everywhere verdict, the running
-container's configuration against the wanted one, and the in-container health results as preflight records.
+"""Pure helpers of the container role's tasks: image references, the same-image-everywhere verdict, the docker forms
+of the options (mounts, ulimits, capabilities, the job's user), the driver's libraries of gpu mode devices, the reset
+summary. The role's records are plugin_utils/container_checks.py's (its mounts, ulimits and capabilities forms too).
 
 Everything here takes plain data (dicts, lists, strings) and returns plain data, so it is unit-tested
 without a cluster (tests/unit/filters/test_container_filters.py).
@@ -11,9 +12,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids, size_bytes
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids
 from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
-    digest_record, engine_record, gpus_record, pull_records, registry_reach_record, running_record)
+    caps_spec, mounts_spec, registry_reach_record, short_digest, ulimits_spec)
 
 
 def image_repository(ref: str) -> str:
@@ -60,10 +61,6 @@ def image_identity(info: dict | None, ref: str) -> dict:
             "created": info.get("Created") or ""}
 
 
-def _short(digest: str) -> str:
-    return digest.split(":", 1)[-1][:12] if digest else "-"
-
-
 def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict:
     """Does `host` run the same image as every other node (and the pinned digest, when one is given)?
 
@@ -92,7 +89,7 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
             groups = {}
             for h, f in sorted(present.items()):
                 groups.setdefault(f["id"], []).append(h)
-            listing = "; ".join(f"{_short(i)} on {', '.join(hs)}" for i, hs in groups.items())
+            listing = "; ".join(f"{short_digest(i)} on {', '.join(hs)}" for i, hs in groups.items())
             return {"ok": False, "reference": "", "hosts_differing": sorted(present),
                     "detail": f"{image} resolved to different images with no majority: {listing}",
                     "fix": f"Make the registry serve one image for {image} to every node (check mirrors, "
@@ -102,7 +99,7 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
         differing = sorted(h for h, f in present.items() if f["id"] != reference)
         why = f"the image on {len(present) - len(differing)} of {len(present)} nodes"
     mine_ok = host not in differing
-    mine_desc = f"image {_short(mine['id'])}" + (f", registry digest {_short(mine['repo_digest'])}"
+    mine_desc = f"image {short_digest(mine['id'])}" + (f", registry digest {short_digest(mine['repo_digest'])}"
                                                  if mine.get("repo_digest") else "")
     if mine_ok:
         detail = f"{image}: {mine_desc}, same as {why}"
@@ -110,7 +107,7 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
             detail += f" (differing: {', '.join(differing)})"
         return {"ok": True, "reference": reference, "hosts_differing": differing, "detail": detail, "fix": ""}
     return {"ok": False, "reference": reference, "hosts_differing": differing,
-            "detail": f"{image} resolved to {mine_desc} on this node, expected {_short(reference)} "
+            "detail": f"{image} resolved to {mine_desc} on this node, expected {short_digest(reference)} "
                       f"({why}); nodes differing: {', '.join(differing)}",
             "fix": f"This node pulled a different image for {image}: check its registry route (mirror, proxy, "
                    "DNS, /etc/hosts, NAT), remove the image there (docker image rm) and rerun with "
@@ -136,41 +133,6 @@ def digest_verdicts(fleet: list, image: str, pinned: str = "") -> dict:
             for f in fleet}
 
 
-def mount_target(mount: dict) -> str:
-    """Path of a container_mounts entry inside the container (its source unless target is given)."""
-    return mount.get("target") or mount.get("source") or ""
-
-
-def mounts_spec(mounts: list) -> list:
-    """container_mounts entries -> docker_container `mounts` (bind mounts, same path inside by default)."""
-    out = []
-    for m in mounts or []:
-        out.append({"type": "bind", "source": m["source"], "target": mount_target(m),
-                    "read_only": bool(m.get("read_only", False))})
-    return out
-
-
-def ulimits_spec(ulimits: dict) -> list:
-    """{memlock: -1, stack: 67108864, nofile: '1024:4096'} -> ['memlock:-1:-1', 'stack:...', 'nofile:1024:4096']."""
-    out = []
-    for name, value in sorted((ulimits or {}).items()):
-        value = str(value)
-        soft, _, hard = value.partition(":")
-        out.append(f"{name}:{soft}:{hard or soft}")
-    return out
-
-
-def caps_spec(caps: list) -> list:
-    """container_cap_add -> the names docker records (CAP_ prefix, upper case, sorted, once each): the role passes
-    these, so the engine's inspect data compares equal on a converged run."""
-    names = set()
-    for cap in caps or []:
-        name = str(cap).strip().upper()
-        if name:
-            names.add(name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name)
-    return sorted(names)
-
-
 def job_user(user, home: str) -> dict:
     """container_user -> what the container runs with: {user: value for docker_container (None: the image's USER),
     ids: [uid, gid] or None (root, the image's), env: HOME and USER for a uid the image has no passwd entry for
@@ -179,80 +141,6 @@ def job_user(user, home: str) -> dict:
     ids = container_user_ids(text)
     return {"user": text or None, "ids": list(ids) if ids else None,
             "env": {"HOME": home, "USER": "trainyard", "LOGNAME": "trainyard"} if ids else {}}
-
-
-def hardening_problems(inspect: dict, expected: dict) -> list:
-    """The container's user, capabilities and no-new-privileges against the wanted ones (config_problems' part).
-
-    expected: {user: str, cap_add: [names], no_new_privileges: bool}; a key left out (or user "") is not checked.
-    """
-    problems = []
-    host, config = inspect.get("HostConfig") or {}, inspect.get("Config") or {}
-    want = str(expected.get("user") or "")
-    if want and want != str(config.get("User") or ""):  # "" (the image's USER) is whatever the image says
-        problems.append(f"runs as user {config.get('User') or 'root (the image default)'}, expected {want}")
-    if "cap_add" in expected:
-        if caps_spec(host.get("CapDrop")) != ["ALL"]:
-            problems.append(f"capabilities dropped: {', '.join(host.get('CapDrop') or []) or 'none'}, expected ALL")
-        want_caps, have_caps = caps_spec(expected["cap_add"]), caps_spec(host.get("CapAdd"))
-        if want_caps != have_caps:
-            problems.append(f"capabilities added: {', '.join(have_caps) or 'none'}, expected "
-                            f"{', '.join(want_caps) or 'none'}")
-    if "no_new_privileges" in expected:
-        # docker accepts no-new-privileges, no-new-privileges:true and no-new-privileges=true
-        nnp = any(key == "no-new-privileges" and value in ("", "true")
-                  for key, _, value in (str(o).replace("=", ":", 1).partition(":")
-                                        for o in host.get("SecurityOpt") or []))
-        if nnp != bool(expected["no_new_privileges"]):
-            problems.append("no-new-privileges is " + ("set" if nnp else "not set") + ", expected "
-                            + ("set" if expected["no_new_privileges"] else "not set"))
-    return problems
-
-
-def config_problems(inspect: dict | None, expected: dict) -> list:
-    """Differences between a container's inspect data and what the role wants (empty list: as wanted).
-
-    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool,
-               user, cap_add, no_new_privileges (hardening_problems)}
-    """
-    if not inspect:
-        return ["container does not exist"]
-    problems = []
-    state = inspect.get("State") or {}
-    if not state.get("Running"):
-        problems.append(f"not running (status {state.get('Status', '?')}, exit code {state.get('ExitCode', '?')}"
-                        + (f", error: {state['Error']}" if state.get("Error") else "") + ")")
-    host = inspect.get("HostConfig") or {}
-    for key, field in (("network_mode", "NetworkMode"), ("ipc_mode", "IpcMode"), ("pid_mode", "PidMode")):
-        want = expected.get(key)
-        if want and (host.get(field) or "") != want:
-            problems.append(f"{key} is {host.get(field) or 'default'!s}, expected {want}")
-    want_image = expected.get("image_id")
-    if want_image and inspect.get("Image") and inspect["Image"] != want_image:
-        problems.append(f"runs image {_short(inspect['Image'])}, the node's {expected.get('image', 'image')} "
-                        f"is {_short(want_image)}")
-    have = {m.get("Destination"): m for m in inspect.get("Mounts") or []}
-    for m in mounts_spec(expected.get("mounts") or []):
-        got = have.get(m["target"])
-        if not got:
-            problems.append(f"mount {m['target']} missing")
-            continue
-        if got.get("Source") and got["Source"] != m["source"]:
-            problems.append(f"mount {m['target']} comes from {got['Source']}, expected {m['source']}")
-        if bool(got.get("RW", True)) == m["read_only"]:
-            problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
-                            f"{'ro' if m['read_only'] else 'rw'}")
-    problems.extend(hardening_problems(inspect, expected))
-    if expected.get("gpus") and expected.get("gpu_mode", "runtime") == "runtime":
-        reqs = host.get("DeviceRequests") or []
-        if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
-            problems.append("no GPU device request (the node has GPUs)")
-    elif expected.get("gpus"):
-        have_dev = {d.get("PathInContainer") for d in host.get("Devices") or []}
-        lost = [d.split(":")[1] for d in expected.get("devices") or [] if d.split(":")[1] not in have_dev]
-        if lost:
-            problems.append(f"GPU device node(s) {', '.join(lost)} not given to the container (gpu_mode devices)")
-    return problems
 
 
 # The driver's user-space libraries a CUDA container needs, by the name stem nvidia-container-cli looks up in the
@@ -341,23 +229,16 @@ def reset_summary(name, restarted, recreate_error, existed, recreated):
 class FilterModule:
     def filters(self):
         return {
-            "container_size_bytes": size_bytes,
             "container_image_identities": image_identities,
             "container_digest_verdicts": digest_verdicts,
             "container_image_registry": image_registry,
             "container_mounts_spec": mounts_spec,
             "container_ulimits_spec": ulimits_spec,
-            "container_config_problems": config_problems,
             "container_caps_spec": caps_spec,
             "container_job_user": job_user,
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,
             "container_gpu_device_nodes": gpu_device_nodes,
-            "container_engine_record": engine_record,
-            "container_gpus_record": gpus_record,
-            "container_running_record": running_record,
-            "container_digest_record": digest_record,
-            "container_pull_records": pull_records,
             "container_registry_reach_record": registry_reach_record,
             "container_reset_summary": reset_summary,
         }

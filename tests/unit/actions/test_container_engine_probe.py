@@ -27,6 +27,20 @@ def test_without_refusal_it_is_the_engine_probe():
     assert "refused" not in r and "can_talk_to_docker" in r, r
 
 
+def test_an_answer_that_talked_to_the_engine_is_not_asked_again():
+    """install.yml's probe serves (no module run: the marker of the answer given stays in the result), and the result
+    carries the role's reading of it (plugin_utils/container_checks.py engine_view); an answer that did not talk to
+    the engine is asked again."""
+    given = {"can_talk_to_docker": True, "host_info": {"Runtimes": {"runc": {}, "nvidia": {}}}, "marker": "install"}
+    r = adhoc("container_engine_probe", {"answer": given, "container_gpus": "auto", "container_gpu_mode": "auto",
+                                         "nvidiactl": True})
+    assert r["marker"] == "install" and r["engine_ok"] is True and r["asked"] is False, r
+    assert (r["gpus"], r["gpu_mode"], r["runtimes"]) == (True, "runtime", ["runc", "nvidia"]), r
+    again = adhoc("container_engine_probe", {"answer": dict(given, can_talk_to_docker=False),
+                                             "container_gpus": "none"})
+    assert "marker" not in again and again["asked"] is True and again["gpus"] is False, again
+
+
 def test_the_role_refuses_an_unset_image_before_the_install(tmp_path: Path):
     play = tmp_path / "play.yml"
     play.write_text(json.dumps([{

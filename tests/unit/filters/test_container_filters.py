@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks as cc
+from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import size_bytes
 from helpers import load
 
 cf = load("filter_plugins/container_filters.py", "container_filters")
@@ -46,19 +47,19 @@ def test_image_registry(ref, registry):
     ("100", 100), (4096, 4096), ("1.5g", int(1.5 * 2 ** 30)), (" 64M ", 64 * 2 ** 20),
 ])
 def test_size_bytes(value, expected):
-    assert cf.size_bytes(value) == expected
+    assert size_bytes(value) == expected
 
 
 @pytest.mark.parametrize("value", ["", "big", "16x", "-1g", True, None, "1 g b"])
 def test_size_bytes_rejects(value):
     with pytest.raises(ValueError):
-        cf.size_bytes(value)
-    assert cf.size_bytes(value, -1) == -1
+        size_bytes(value)
+    assert size_bytes(value, -1) == -1
 
 
 @given(st.integers(min_value=1, max_value=2 ** 20), st.sampled_from(["k", "m", "g", "K", "M", "G"]))
 def test_size_bytes_units(n, unit):
-    assert cf.size_bytes(f"{n}{unit}") == n * {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}[unit.lower()]
+    assert size_bytes(f"{n}{unit}") == n * {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}[unit.lower()]
 
 
 def test_identity_picks_the_digest_of_the_configured_repository():
@@ -184,7 +185,7 @@ WANT = {"image": IMG, "image_id": ID_A, "network_mode": "host", "ipc_mode": "hos
 
 
 def test_config_as_wanted():
-    assert cf.config_problems(inspect(), WANT) == []
+    assert cc.config_problems(inspect(), WANT) == []
 
 
 @pytest.mark.parametrize("over,needle", [
@@ -200,15 +201,15 @@ def test_config_as_wanted():
                  {"Source": "/srv/shared", "Destination": "/srv/shared", "RW": False}]}, "comes from /x"),
 ])
 def test_config_problems_named(over, needle):
-    problems = cf.config_problems(inspect(**over), WANT)
+    problems = cc.config_problems(inspect(**over), WANT)
     assert any(needle in p for p in problems), problems
 
 
 def test_config_missing_container_and_gpus():
-    assert cf.config_problems(None, WANT) == ["container does not exist"]
-    assert any("GPU" in p for p in cf.config_problems(inspect(), {**WANT, "gpus": True}))
+    assert cc.config_problems(None, WANT) == ["container does not exist"]
+    assert any("GPU" in p for p in cc.config_problems(inspect(), {**WANT, "gpus": True}))
     gpu = inspect(HostConfig={"DeviceRequests": [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]})
-    assert cf.config_problems(gpu, {**WANT, "gpus": True}) == []
+    assert cc.config_problems(gpu, {**WANT, "gpus": True}) == []
 
 
 PARAMS = {"code_dir": "/srv/code", "output_root": "/srv/outputs", "shared_root": "/srv/shared",
@@ -332,9 +333,9 @@ def test_config_problems_gpu_mode_devices_wants_the_device_nodes():
         {"PathOnHost": "/dev/nvidiactl", "PathInContainer": "/dev/nvidiactl", "CgroupPermissions": "rwm"}]}}
     want = {"gpus": True, "gpu_mode": "devices",
             "devices": ["/dev/nvidia0:/dev/nvidia0:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm"]}
-    assert cf.config_problems(inspect, want) == [
+    assert cc.config_problems(inspect, want) == [
         "GPU device node(s) /dev/nvidia0 not given to the container (gpu_mode devices)"]
-    assert cf.config_problems(inspect, dict(want, gpu_mode="runtime")) == ["no GPU device request (the node has GPUs)"]
+    assert cc.config_problems(inspect, dict(want, gpu_mode="runtime")) == ["no GPU device request (the node has GPUs)"]
 
 
 # ---------------------------------------------------------------------------------------------- hardening
@@ -351,16 +352,16 @@ def hardened(**over):
 
 
 def test_hardened_container_as_wanted():
-    assert cf.config_problems(hardened(), {**WANT, **HARD}) == []
+    assert cc.config_problems(hardened(), {**WANT, **HARD}) == []
     # docker's other spellings of the option, and capability names with or without CAP_
     ok = hardened(HostConfig={"CapDrop": ["ALL"], "CapAdd": ["CAP_IPC_LOCK"], "SecurityOpt": ["no-new-privileges:true"]})
-    assert cf.config_problems(ok, {**WANT, **HARD, "cap_add": ["ipc_lock"]}) == []
+    assert cc.config_problems(ok, {**WANT, **HARD, "cap_add": ["ipc_lock"]}) == []
 
 
 def test_a_container_of_the_old_settings_is_named():
     """A container started before the hardening (root, docker's default capabilities, no no-new-privileges):
     every difference is a problem, so container.running fails until site.yml recreates it."""
-    problems = cf.config_problems(inspect(), {**WANT, **HARD})
+    problems = cc.config_problems(inspect(), {**WANT, **HARD})
     assert problems == ["runs as user root (the image default), expected 65532:65532",
                         "capabilities dropped: none, expected ALL",
                         "no-new-privileges is not set, expected set"], problems
@@ -376,14 +377,14 @@ def test_hardening_problems_named(host, config, needle):
     c = hardened()
     c["HostConfig"].update(host)
     c["Config"].update(config)
-    assert any(needle in p for p in cf.config_problems(c, {**WANT, **HARD})), cf.config_problems(c, {**WANT, **HARD})
+    assert any(needle in p for p in cc.config_problems(c, {**WANT, **HARD})), cc.config_problems(c, {**WANT, **HARD})
 
 
 def test_opt_outs_compare_as_asked():
     root = hardened(Config={"User": "root"}, HostConfig={"CapDrop": ["ALL"], "CapAdd": None, "SecurityOpt": None})
-    assert cf.config_problems(root, {**WANT, "user": "root", "cap_add": [], "no_new_privileges": False}) == []
+    assert cc.config_problems(root, {**WANT, "user": "root", "cap_add": [], "no_new_privileges": False}) == []
     # "" is the image's USER: whatever the image says is as wanted
-    assert cf.config_problems(root, {**WANT, "user": "", "cap_add": [], "no_new_privileges": False}) == []
+    assert cc.config_problems(root, {**WANT, "user": "", "cap_add": [], "no_new_privileges": False}) == []
 
 
 def test_caps_spec_normalises_to_dockers_names():

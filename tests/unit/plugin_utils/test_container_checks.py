@@ -1,5 +1,5 @@
-"""The container role's engine and GPU verdicts (plugin_utils/container_checks.py), as roles/container/tasks/
-engine.yml records them through the role's filters."""
+"""The container role's verdicts (plugin_utils/container_checks.py): the engine probe's reading of the answer
+(engine_view) and every record the container_health action makes before the probe (verify_inputs)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,24 @@ def ctx(**kw):
     return dict(base, **kw)
 
 
-def test_the_role_filters_are_these_functions():
-    f = cf.FilterModule().filters()
-    assert f["container_engine_record"] is cc.engine_record and f["container_gpus_record"] is cc.gpus_record
+def test_engine_view_reads_the_answer_once():
+    """The probe's result carries what the role's later tasks read (tasks/engine.yml): auto resolves to runtime
+    where the engine has the NVIDIA runtime, else devices; GPUs with container_gpus all, or auto on a node with
+    /dev/nvidiactl; the message on one line."""
+    answer = {"can_talk_to_docker": True, "host_info": {"Runtimes": {"runc": {}, "nvidia": {}}}}
+    assert cc.engine_view(answer, "auto", "auto", True) == {
+        "engine_ok": True, "engine_msg": "no answer", "runtimes": ["runc", "nvidia"], "gpus": True,
+        "gpu_mode": "runtime"}
+    plain = {"can_talk_to_docker": True, "host_info": {"Runtimes": {"runc": {}}}}
+    assert cc.engine_view(plain, "auto", "auto", False)["gpu_mode"] == "devices"
+    assert cc.engine_view(plain, "auto", "auto", False)["gpus"] is False
+    assert cc.engine_view(plain, "all", "runtime", False) | {"runtimes": []} == {
+        "engine_ok": True, "engine_msg": "no answer", "runtimes": [], "gpus": True, "gpu_mode": "runtime"}
+    assert cc.engine_view(answer, "none", "auto", True)["gpus"] is False
+    down = cc.engine_view({"can_talk_to_docker": False, "msg": "Error connecting:\n  refused"}, "auto", "auto", "yes")
+    assert down == {"engine_ok": False, "engine_msg": "Error connecting: refused", "runtimes": [], "gpus": True,
+                    "gpu_mode": "devices"}
+    assert cc.engine_view(None, "auto", "auto", False)["engine_ok"] is False
 
 
 def test_engine_pass_names_version_storage_cgroup():
@@ -116,7 +131,6 @@ def test_running_pass_describes_the_container():
     assert rec["detail"] == ("trainyard-job: running, host network/IPC/PID, 3 mounts, user 65532:65532, capabilities "
                              "none, no-new-privileges on")
     assert rec["pending_on"] == {"container : Start the training container": {}}
-    assert cf.FilterModule().filters()["container_running_record"] is cc.running_record
     detail = cc.running_record(dict(RUN, user="", caps=["SYS_PTRACE"], no_new_privileges=False))["detail"]
     assert "user of the image, capabilities SYS_PTRACE, no-new-privileges off" in detail
 
@@ -145,10 +159,8 @@ def test_running_fail_on_ulimits_names_the_engine_limits():
 
 
 def test_digest_record_pass_fail_skip_and_its_drift_value():
-    """container.image_digest, as roles/container/tasks/verify.yml records it through container_digest_record (the
-    same fields the task's YAML built before: status from the node's verdict, the drift value the repo digest, else
-    the image id; pending on the pull)."""
-    assert cf.FilterModule().filters()["container_digest_record"] is cc.digest_record
+    """container.image_digest: status from the node's verdict, the drift value the repo digest, else the image id;
+    pending on the pull."""
     ok = {"ok": True, "detail": "sha256:aa (as 3 of 3 nodes)", "id": "sha256:11", "repo_digest": "r@sha256:aa",
           "reference": "r:1"}
     rec = cc.digest_record(ok, True, "r:1", {"changed": False})
@@ -192,10 +204,8 @@ def test_registry_reach_pass_and_fail():
 
 
 def test_pull_records_only_for_the_steps_that_ran():
-    """container.registry_login and container.image_pull as roles/container/vars/main.yml records them through
-    container_pull_records: none for a skipped or absent step; present, pulled and check mode's not present yet; a
-    failed pull names the engine's message on one line."""
-    assert cf.FilterModule().filters()["container_pull_records"] is cc.pull_records
+    """container.registry_login and container.image_pull: none for a skipped or absent step; present, pulled and
+    check mode's not present yet; a failed pull names the engine's message on one line."""
     assert cc.pull_records(None, None, "r:1", "reg:5000", "") == []
     assert cc.pull_records({"skipped": True}, {"skipped": True, "changed": False}, "r:1", "reg:5000", "u") == []
     present = {"changed": False, "image": {"Id": "sha256:1"}}
@@ -217,3 +227,66 @@ def test_pull_records_only_for_the_steps_that_ran():
         "login failed at reg as bot")
     long = cc.pull_records({"msg": "x" * 400}, None, "r:1", "reg", "u")[0]["detail"]
     assert long.endswith("...") and len(long) == len("pulling r:1 failed: ") + 300
+
+
+INSPECT = {"Id": "c1", "Image": "sha256:11", "State": {"Running": True, "StartedAt": "t0"},
+           "HostConfig": {"NetworkMode": "host", "IpcMode": "host", "PidMode": "host", "CapDrop": ["ALL"],
+                          "CapAdd": None, "SecurityOpt": ["no-new-privileges:true"]},
+           "Config": {"User": "65532:65532"}, "Mounts": [{"Destination": "/srv/out", "Source": "/srv/out", "RW": True}]}
+
+
+def verify(**over):
+    v = {"engine": {"engine_ok": True, "host_info": HOST, "engine_msg": "", "gpus": False, "gpu_mode": "devices",
+                    "runtimes": ["runc"]},
+         "run": None, "info": {"container": INSPECT}, "pull": {"changed": False, "image": {}}, "login": None,
+         "check_mode": False, "digest": {"ok": True, "detail": "same everywhere", "id": "sha256:11"},
+         "node": "node2", "image": "r:1", "registry": "r", "registry_username": "", "name": "trainyard-job",
+         "user": "65532:65532", "cap_add": [], "no_new_privileges": True, "ulimits": {"memlock": -1},
+         "mounts": [{"source": "/srv/out"}], "container_gpus": "auto", "container_gpu_mode": "auto"}
+    return cc.verify_inputs(dict(v, **over))
+
+
+def status(rec):
+    return rec.get("status", "pass" if rec.get("ok") else "fail")
+
+
+def test_verify_inputs_records_every_check_before_the_probe():
+    """The container_health action's records, in the order the report lists them: engine, GPUs, pull (the login
+    did not run), digest, running; the probe runs where the container runs."""
+    out = verify()
+    assert [(r["check"], status(r)) for r in out["records"]] == [
+        ("container.engine", "pass"), ("container.gpus", "pass"), ("container.image_pull", "pass"),
+        ("container.image_digest", "pass"), ("container.running", "pass")]
+    assert out["running"] is True and out["inspect"] is INSPECT
+
+
+def test_verify_inputs_takes_the_start_over_the_read_except_in_check_mode():
+    """After a start in this run its answer serves (the read did not run); in check mode the start only said what it
+    would do, so the read serves. The running record names the start's message."""
+    stopped = dict(INSPECT, State={"Running": False, "Status": "exited", "ExitCode": 1})
+    out = verify(run={"changed": True, "container": stopped, "msg": "boom"}, info=None)
+    running = out["records"][-1]
+    assert out["running"] is False and out["skip_reason"] == "trainyard-job is not running"
+    assert running["status"] == "fail" and "not running (status exited" in running["detail"]
+    assert "(start failed: boom)" in running["detail"] and "Fix the cause above" in running["fix"]
+    assert verify(run={"changed": True, "container": stopped}, check_mode=True)["running"] is True
+
+
+def test_verify_inputs_compares_the_wanted_configuration():
+    """A container that drifted from the options (another image than the node resolved, a missing mount, a
+    capability the options do not add) fails container.running with each difference."""
+    drifted = dict(INSPECT, Image="sha256:22", HostConfig=dict(INSPECT["HostConfig"], CapAdd=["CAP_SYS_ADMIN"]))
+    rec = verify(info={"container": drifted}, mounts=[{"source": "/srv/out"}, {"source": "/data"}])["records"][-1]
+    assert rec["status"] == "fail"
+    assert "runs image 22" in rec["detail"] and "mount /data missing" in rec["detail"]
+    assert "capabilities added: CAP_SYS_ADMIN, expected none" in rec["detail"]
+
+
+def test_verify_inputs_when_the_engine_does_not_answer():
+    """Every verdict that needs the engine is skip (the engine record fails with its message); the probe does not
+    run and says why."""
+    out = verify(engine={"engine_ok": False, "engine_msg": "connection refused"}, info=None, pull=None)
+    assert [(r["check"], status(r)) for r in out["records"]] == [
+        ("container.engine", "fail"), ("container.gpus", "skip"), ("container.image_digest", "skip"),
+        ("container.running", "skip")]
+    assert out["running"] is False and out["skip_reason"] == "the engine does not answer"

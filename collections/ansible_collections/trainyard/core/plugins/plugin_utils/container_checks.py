@@ -1,10 +1,12 @@
 # -*- coding: utf-8 -*-
-"""Verdicts of the container role, on the controller: container.engine (does the docker engine answer the
-community.docker modules) and container.gpus (does the training container get this node's GPUs, and how), as
-preflight records, from what the engine answered and what tasks/gpu_devices.yml found.
+"""Verdicts of the container role, on the controller: what the engine answered read once (engine_view, for the
+engine probe's result), and every record of the role but the in-container health (verify_inputs, for the
+container_health action): container.engine, container.gpus, the login and the pull, the image digest and
+container.running (the running container against the wanted configuration), then the health records from the
+probe's answer (health_records).
 
-Pure: values in, records out (the role's filters in filter_plugins/container_filters.py hand them
-to roles/container/tasks/engine.yml), unit-tested in tests/unit/plugin_utils/test_container_checks.py.
+Pure: values in, records out, unit-tested in tests/unit/plugin_utils/test_container_checks.py. The actions
+(container_engine_probe, container_health) and the role's filters (filter_plugins/container_filters.py) call them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,22 @@ def truncate(text, length=300, end="...", leeway=5):
 
 def _flag(value):
     return boolean(value, strict=False) if value is not None else False
+
+
+def engine_view(answer, container_gpus, container_gpu_mode, nvidiactl):
+    """What the role reads of the engine's answer (community.docker.docker_host_info's result), once, for the probe's
+    result: engine_ok (it talked to the engine), engine_msg (its message, whitespace-normalised), runtimes (the
+    engine's), gpus (the container gets GPUs: container_gpus all, or auto where the node has /dev/nvidiactl) and
+    gpu_mode (runtime or devices; container_gpu_mode auto: runtime where the engine has the NVIDIA runtime)."""
+    answer = answer or {}
+    runtimes = list((answer.get("host_info") or {}).get("Runtimes") or {})
+    mode = (container_gpu_mode if container_gpu_mode != "auto"
+            else "runtime" if "nvidia" in runtimes else "devices")
+    return {"engine_ok": _flag(answer.get("can_talk_to_docker")),
+            "engine_msg": re.sub(r"\s+", " ", str(answer.get("msg", "no answer"))),
+            "runtimes": runtimes,
+            "gpus": container_gpus == "all" or (container_gpus == "auto" and _flag(nvidiactl)),
+            "gpu_mode": mode}
 
 
 def engine_record(ok, host_info=None, msg=""):
@@ -163,7 +181,7 @@ def digest_record(verdict, engine_ok, image, pull=None):
 
 
 def running_record(ctx):
-    """container.running from ctx: engine_ok, name (container_name), problems (container_config_problems's answer:
+    """container.running from ctx: engine_ok, name (container_name), problems (config_problems's answer:
     the running container against the wanted configuration), mounts (how many), user (container_user), caps
     (container_caps_spec's list), no_new_privileges, ulimits (container_ulimits_spec's list), run_msg (the start
     task's message, None when it has none), run_ran (whether the start task ran in this run), pending_on."""
@@ -336,3 +354,160 @@ def health_records(exec_result: dict | None, params: dict) -> list:
         out.append(rec(name, status, r.get("detail", ""),
                        "" if status in ("pass", "skip") else _HEALTH_FIX[name].format(**f)))
     return out
+
+
+# The running container against the wanted configuration (the role's container.running record).
+
+
+def short_digest(digest: str) -> str:
+    return digest.split(":", 1)[-1][:12] if digest else "-"
+
+
+def mount_target(mount: dict) -> str:
+    """Path of a container_mounts entry inside the container (its source unless target is given)."""
+    return mount.get("target") or mount.get("source") or ""
+
+
+def mounts_spec(mounts: list) -> list:
+    """container_mounts entries -> docker_container `mounts` (bind mounts, same path inside by default)."""
+    out = []
+    for m in mounts or []:
+        out.append({"type": "bind", "source": m["source"], "target": mount_target(m),
+                    "read_only": bool(m.get("read_only", False))})
+    return out
+
+
+def ulimits_spec(ulimits: dict) -> list:
+    """{memlock: -1, stack: 67108864, nofile: '1024:4096'} -> ['memlock:-1:-1', 'stack:...', 'nofile:1024:4096']."""
+    out = []
+    for name, value in sorted((ulimits or {}).items()):
+        value = str(value)
+        soft, _, hard = value.partition(":")
+        out.append(f"{name}:{soft}:{hard or soft}")
+    return out
+
+
+def caps_spec(caps: list) -> list:
+    """container_cap_add -> the names docker records (CAP_ prefix, upper case, sorted, once each): the role passes
+    these, so the engine's inspect data compares equal on a converged run."""
+    names = set()
+    for cap in caps or []:
+        name = str(cap).strip().upper()
+        if name:
+            names.add(name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name)
+    return sorted(names)
+
+
+def hardening_problems(inspect: dict, expected: dict) -> list:
+    """The container's user, capabilities and no-new-privileges against the wanted ones (config_problems' part).
+
+    expected: {user: str, cap_add: [names], no_new_privileges: bool}; a key left out (or user "") is not checked.
+    """
+    problems = []
+    host, config = inspect.get("HostConfig") or {}, inspect.get("Config") or {}
+    want = str(expected.get("user") or "")
+    if want and want != str(config.get("User") or ""):  # "" (the image's USER) is whatever the image says
+        problems.append(f"runs as user {config.get('User') or 'root (the image default)'}, expected {want}")
+    if "cap_add" in expected:
+        if caps_spec(host.get("CapDrop")) != ["ALL"]:
+            problems.append(f"capabilities dropped: {', '.join(host.get('CapDrop') or []) or 'none'}, expected ALL")
+        want_caps, have_caps = caps_spec(expected["cap_add"]), caps_spec(host.get("CapAdd"))
+        if want_caps != have_caps:
+            problems.append(f"capabilities added: {', '.join(have_caps) or 'none'}, expected "
+                            f"{', '.join(want_caps) or 'none'}")
+    if "no_new_privileges" in expected:
+        # docker accepts no-new-privileges, no-new-privileges:true and no-new-privileges=true
+        nnp = any(key == "no-new-privileges" and value in ("", "true")
+                  for key, _, value in (str(o).replace("=", ":", 1).partition(":")
+                                        for o in host.get("SecurityOpt") or []))
+        if nnp != bool(expected["no_new_privileges"]):
+            problems.append("no-new-privileges is " + ("set" if nnp else "not set") + ", expected "
+                            + ("set" if expected["no_new_privileges"] else "not set"))
+    return problems
+
+
+def config_problems(inspect: dict | None, expected: dict) -> list:
+    """Differences between a container's inspect data and what the role wants (empty list: as wanted).
+
+    expected: {image_id, network_mode, ipc_mode, pid_mode, mounts: [{source, target, read_only}], gpus: bool,
+               user, cap_add, no_new_privileges (hardening_problems)}
+    """
+    if not inspect:
+        return ["container does not exist"]
+    problems = []
+    state = inspect.get("State") or {}
+    if not state.get("Running"):
+        problems.append(f"not running (status {state.get('Status', '?')}, exit code {state.get('ExitCode', '?')}"
+                        + (f", error: {state['Error']}" if state.get("Error") else "") + ")")
+    host = inspect.get("HostConfig") or {}
+    for key, field in (("network_mode", "NetworkMode"), ("ipc_mode", "IpcMode"), ("pid_mode", "PidMode")):
+        want = expected.get(key)
+        if want and (host.get(field) or "") != want:
+            problems.append(f"{key} is {host.get(field) or 'default'!s}, expected {want}")
+    want_image = expected.get("image_id")
+    if want_image and inspect.get("Image") and inspect["Image"] != want_image:
+        problems.append(f"runs image {short_digest(inspect['Image'])}, the node's {expected.get('image', 'image')} "
+                        f"is {short_digest(want_image)}")
+    have = {m.get("Destination"): m for m in inspect.get("Mounts") or []}
+    for m in mounts_spec(expected.get("mounts") or []):
+        got = have.get(m["target"])
+        if not got:
+            problems.append(f"mount {m['target']} missing")
+            continue
+        if got.get("Source") and got["Source"] != m["source"]:
+            problems.append(f"mount {m['target']} comes from {got['Source']}, expected {m['source']}")
+        if bool(got.get("RW", True)) == m["read_only"]:
+            problems.append(f"mount {m['target']} is {'rw' if got.get('RW', True) else 'ro'}, expected "
+                            f"{'ro' if m['read_only'] else 'rw'}")
+    problems.extend(hardening_problems(inspect, expected))
+    if expected.get("gpus") and expected.get("gpu_mode", "runtime") == "runtime":
+        reqs = host.get("DeviceRequests") or []
+        if not any("gpu" in (c for caps in (r.get("Capabilities") or []) for c in caps) for r in reqs):
+            problems.append("no GPU device request (the node has GPUs)")
+    elif expected.get("gpus"):
+        have_dev = {d.get("PathInContainer") for d in host.get("Devices") or []}
+        lost = [d.split(":")[1] for d in expected.get("devices") or [] if d.split(":")[1] not in have_dev]
+        if lost:
+            problems.append(f"GPU device node(s) {', '.join(lost)} not given to the container (gpu_mode devices)")
+    return problems
+
+
+def verify_inputs(v):
+    """Everything tasks/verify.yml records but the health (the container_health action's part before the probe),
+    from v: the registered results engine (the probe's, with engine_view's keys), run (the start of the container),
+    info (its read), pull, login, check_mode, digest (this node's container_digest_verdicts entry); the role's
+    options name, image, registry (the image's, resolved), registry_username, user, cap_add, no_new_privileges,
+    ulimits, mounts (container_mounts + container_mounts_extra), container_gpus, container_gpu_mode, and what
+    tasks/gpu_devices.yml found (devices, driver_libs, driver_version, driver_lib_dir; absent where it did not run).
+
+    Returns {records, inspect (the container's inspect data, None when it does not exist), running (it runs and the
+    engine answers: the probe can run), skip_reason (why not)}.
+    """
+    engine, run, info = v.get("engine") or {}, v.get("run") or {}, v.get("info") or {}
+    ok, check_mode = _flag(engine.get("engine_ok")), _flag(v.get("check_mode"))
+    inspect = run["container"] if "container" in run and not check_mode else info.get("container")
+    gpus, gpu_mode, devices = _flag(engine.get("gpus")), engine.get("gpu_mode"), list(v.get("devices") or [])
+    digest = v.get("digest") or {}
+    wanted = {"image": v.get("image"), "image_id": digest.get("id") or "", "network_mode": "host",
+              "ipc_mode": "host", "pid_mode": "host", "mounts": v.get("mounts") or [], "gpus": gpus,
+              "gpu_mode": gpu_mode, "devices": devices, "user": v.get("user"), "cap_add": v.get("cap_add") or [],
+              "no_new_privileges": _flag(v.get("no_new_privileges"))}
+    started = {"container : Start the training container": v.get("run") or {}}
+    records = [
+        engine_record(ok, engine.get("host_info") or {}, engine.get("engine_msg")),
+        gpus_record({"node": v.get("node"), "engine_ok": ok, "container_gpus": v.get("container_gpus"),
+                     "container_gpu_mode": v.get("container_gpu_mode"), "gpus": gpus, "gpu_mode": gpu_mode,
+                     "runtimes": engine.get("runtimes") or [], "devices": devices,
+                     "driver_libs": v.get("driver_libs") or {}, "driver_version": v.get("driver_version"),
+                     "driver_lib_dir": v.get("driver_lib_dir") or ""}),
+        *pull_records(v.get("pull"), v.get("login"), v.get("image"), v.get("registry"), v.get("registry_username"),
+                      check_mode),
+        digest_record(digest, ok, v.get("image"), v.get("pull") or {}),
+        running_record({"engine_ok": ok, "name": v.get("name"), "problems": config_problems(inspect, wanted),
+                        "mounts": len(wanted["mounts"]), "user": v.get("user"), "caps": caps_spec(wanted["cap_add"]),
+                        "no_new_privileges": wanted["no_new_privileges"], "ulimits": ulimits_spec(v.get("ulimits")),
+                        "run_msg": run.get("msg"), "run_ran": "changed" in run, "pending_on": started}),
+    ]
+    running = ok and bool(((inspect or {}).get("State") or {}).get("Running"))
+    return {"records": records, "inspect": inspect, "running": running,
+            "skip_reason": "the engine does not answer" if not ok else f"{v.get('name')} is not running"}
