@@ -19,7 +19,15 @@ cProfile in CPU time (tests/bench/callbacks/worker_profile.py). Per task: worker
 worker (Jinja renders through Ansible's templar: one per templated argument or variable read, nested variables
 rendered again at every read), ms per worker in Ansible's per-render context set-up (which wraps every variable in
 scope, about 500 at a site.yml task) and in the task's argument templating. cProfile adds its own cost to every
-Python call: read the shares and counts, not the absolute milliseconds.
+Python call, and far more to many small calls (templating) than to system calls (a fork, an SSH round trip): read
+the counts, not the shares or the milliseconds (cost says what the workers really cost).
+
+cost: one converged site.yml on the user's path with no profiler: the controller's CPU from a cpuacct cgroup,
+ansible-playbook's own CPU, and each forked worker's own CPU from its fork on and the CPU of the ssh clients it waited
+for, with the modules it ran (tests/bench/callbacks/task_cost.py). Per node: the nodes after the first (the head runs
+the run-once tasks), and per task the mean over those nodes. --rounds runs repeat it (medians).
+
+    .venv/bin/python docs/benchmarks/task-floor/measure.py cost --cluster tf --rounds 3 --out docs/benchmarks/task-floor/cost.json
 """
 
 from __future__ import annotations
@@ -134,9 +142,60 @@ def profile(a, inv: Path, nodes: list[str]) -> dict:
             "tasks": rows}
 
 
+def cost_run(inv: Path, nodes: list[str], group: scale.CpuGroup) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="tf-cost-"))
+    env = ansible_env({"ANSIBLE_CALLBACK_PLUGINS": f"{REPO / 'callback_plugins'}:{REPO / 'tests/bench/callbacks'}",
+                       "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,task_cost",
+                       "TRAINYARD_BENCH_TASK_COST": str(out)})
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inv), "site.yml", *userpath.KINDS["user"][1]]
+    before = group.usage_s()
+    p = subprocess.run(argv, cwd=REPO, env=env, preexec_fn=group.enter, capture_output=True, text=True)
+    total = group.usage_s() - before
+    if p.returncode:
+        sys.exit(f"site.yml failed (rc {p.returncode}):\n{p.stdout[-3000:]}")
+    main = json.loads((out / "main.json").read_text())["cpu_s"]
+    workers = [json.loads(Path(f).read_text()) for f in glob.glob(str(out / "*.json")) if not f.endswith("main.json")]
+    mine = [w for w in workers if w["host"] in nodes[1:]]
+    tasks: dict = collections.defaultdict(lambda: {"hosts": 0, "cpu_s": 0.0, "children_cpu_s": 0.0, "modules": 0})
+    for w in mine:
+        row = tasks[w["task"]]
+        row["hosts"] += 1
+        for k in ("cpu_s", "children_cpu_s", "modules"):
+            row[k] += w[k]
+    k = max(1, len(nodes) - 1)
+    rows = sorted(({"task": t, "ms": round(1000 * r["cpu_s"] / r["hosts"], 1),
+                    "ssh_ms": round(1000 * r["children_cpu_s"] / r["hosts"], 1),
+                    "modules": round(r["modules"] / r["hosts"], 2)} for t, r in tasks.items()),
+                  key=lambda r: -(r["ms"] + r["ssh_ms"]))
+    return {"controller_cpu_s": round(total, 3), "main_cpu_s": round(main, 3),
+            "workers_cpu_s": round(sum(w["cpu_s"] for w in workers), 3),
+            "workers_children_cpu_s": round(sum(w["children_cpu_s"] for w in workers), 3),
+            "workers": len(workers),
+            "per_node": {"host_tasks": round(len(mine) / k, 1),
+                         "modules": round(sum(w["modules"] for w in mine) / k, 1),
+                         "workers_cpu_ms": round(1000 * sum(w["cpu_s"] for w in mine) / k),
+                         "ssh_cpu_ms": round(1000 * sum(w["children_cpu_s"] for w in mine) / k)},
+            "tasks": rows}
+
+
+def cost(a, inv: Path, nodes: list[str]) -> dict:
+    group = scale.CpuGroup(f"tf-cost-{os.getpid()}")
+    try:
+        runs = [cost_run(inv, nodes, group) for _ in range(a.rounds)]
+    finally:
+        group.close()
+    keys = ("controller_cpu_s", "main_cpu_s", "workers_cpu_s", "workers_children_cpu_s")
+    med = {k: statistics.median(r[k] for r in runs) for k in keys}
+    med["rest_cpu_s"] = round(med["controller_cpu_s"] - med["main_cpu_s"] - med["workers_cpu_s"]
+                              - med["workers_children_cpu_s"], 3)
+    per_node = {k: statistics.median(r["per_node"][k] for r in runs) for k in runs[0]["per_node"]}
+    return {"nodes": len(nodes), "rounds": a.rounds, "median": med, "per_node": per_node,
+            "runs": [{k: r[k] for k in (*keys, "workers")} for r in runs], "tasks": runs[-1]["tasks"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["floor", "profile"])
+    ap.add_argument("what", choices=["floor", "profile", "cost"])
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--tasks", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
@@ -144,13 +203,17 @@ def main() -> None:
     a = ap.parse_args()
     meta = json.loads((REPO / ".sim" / a.cluster / "cluster.json").read_text())
     inv, nodes = REPO / meta["inventory"], meta["nodes"]
-    res = floor(a, inv, nodes) if a.what == "floor" else profile(a, inv, nodes)
+    res = {"floor": floor, "profile": profile, "cost": cost}[a.what](a, inv, nodes)
     res["command"] = " ".join([".venv/bin/python", str(Path(__file__).relative_to(REPO)), *sys.argv[1:]])
     res["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                    text=True).stdout.strip()
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     if a.what == "floor":
         print(json.dumps(res["ms_per_task_and_host"]))
+    elif a.what == "cost":
+        print(json.dumps(res["median"]), json.dumps(res["per_node"]))
+        for r in res["tasks"]:
+            print(f"{r['ms']:6.1f} ms {r['ssh_ms']:5.1f} ssh {r['modules']:4.1f} modules  {r['task'][:90]}")
     else:
         print(json.dumps(res["per_node_tasks"]))
         for r in res["tasks"][:25]:
