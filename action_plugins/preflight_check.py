@@ -33,6 +33,8 @@ options:
     description:
       - Several checks at once, each a dict with the options below (C(check), C(ok) or C(status), C(detail),
         C(fix), C(data)); one task instead of one per check.
+      - "A record may name its node (C(host)): an action that runs once (C(run_once)) records for every node, and the
+        callback C(preflight_records) keeps each record with its node (the project's C(ansible.cfg) loads it)."
     type: list
     elements: dict
   ok:
@@ -173,7 +175,7 @@ class ActionModule(bases.ControllerAction):
             records = self._pending(records, specs, args)
         for r in records:
             if r["status"] == "fail":
-                display.display("%s: %s FAIL: %s%s" % (host, r["check"], r["detail"],
+                display.display("%s: %s FAIL: %s%s" % (r["host"], r["check"], r["detail"],
                                                       "\n    fix: " + r["fix"] if r["fix"] else ""),
                                 color=C.COLOR_ERROR)
         facts = self._publish(args.get("publish"))
@@ -231,7 +233,7 @@ class ActionModule(bases.ControllerAction):
                 f"preflight_check {check}: status {status!r} is not one of {', '.join(_STATUSES)}"
             )
         return {
-            "host": host,
+            "host": args["host"] if isinstance(args.get("host"), str) and args["host"] else host,
             "check": check,
             "status": status,
             "detail": str(args.get("detail") or "").strip(),

@@ -43,12 +43,11 @@ def test_nvidia_driver_check_peers_of_refuses_bad_shapes(arg, why):
         decide(NDC, {"peers_of": arg})
 
 
-def test_host_basics_median_of_takes_the_clocks_not_a_name():
-    with pytest.raises(AnsibleActionFail, match="must be the list of every node's probe clock"):
-        decide(HB, {"median_of": "__cluster_host"})
-    clocks = [{"offset": 0.1, "uncertainty": 0.2}, None, {"offset": 0.3, "uncertainty": 0.05}]
-    assert decide(HB, {"median_of": clocks}) == {"median": 0.3, "uncertainty": 0.2, "nodes": 2}
-    assert decide(HB, {"median_of": [None]}) == {"nodes": 0}
+def test_host_basics_takes_the_list_of_nodes_not_a_name():
+    with pytest.raises(AnsibleActionFail, match=r"'nodes' must be the list of the nodes to record"):
+        decide(HB, {"nodes": "ansible_play_hosts"})
+    with pytest.raises(AnsibleActionFail, match=r"not in the inventory: n9"):
+        decide(HB, {"nodes": ["n9"]})
 
 
 def test_nccl_env_validate_compare_takes_each_hosts_results_as_values():
