@@ -40,10 +40,12 @@ options:
   job: {description: The job's name (C(cluster_job_name)) for the file's header., type: str, default: ""}
   path: {description: Where the file goes on the node (C(nccl_env_path))., type: str, default: ""}
   compare:
-    description: "Run once: C({hosts, rank_order, iface_uniform, validated, write, plugin}), the play's hosts, the
-      hosts by rank, whether the network role found the data interface's name the same everywhere, and, one per host
-      in the order of C(hosts), the registered results of this action's build call, of the write and of the plugin
-      probe (C({}) where a host has none)."
+    description: "Run once: C({hosts, rank_order, iface_uniform, validated, write, plugin, record}), the play's hosts,
+      the hosts by rank, whether the network role found the data interface's name the same everywhere, and, one per
+      host in the order of C(hosts), the registered results of this action's build call, of the write and of the
+      plugin probe (C({}) where a host has none). C(record), the nodes whose records this task records (each record
+      naming its node: one worker for the cluster, not one per node), this process's nodes (C(ansible_play_hosts));
+      the others' are only returned."
     type: dict
   extra:
     description: The user's variables (C(nccl_env_extra)); they may override the role's, but not the rendezvous ones.
@@ -213,9 +215,9 @@ class ActionModule(bases.ControllerAction):
             out.update(failed=True, msg=written.get("msg", "job_files failed"))
         return out
 
-    @staticmethod
-    def compare(args, task_vars):
-        """Every node's records from its registered results, given once for the play as values."""
+    def compare(self, args, task_vars):
+        """Every node's records from its registered results, given once for the play as values; those of the nodes of
+        'record' recorded."""
         hosts = bases.str_list(args.get("hosts"))
         lists = {k: args.get(k) for k in ("validated", "write", "plugin")}
         bad = [k for k, v in lists.items() if not isinstance(v, list) or len(v) != len(hosts)]
@@ -223,6 +225,8 @@ class ActionModule(bases.ControllerAction):
             raise AnsibleActionFail("nccl_env_validate: 'compare' needs %s: one registered result per host of 'hosts' "
                                     "(%d), in its order, as values" % (", ".join(bad), len(hosts)))
         nodes = {h: {k: lists[k][i] or {} for k in lists} for i, h in enumerate(hosts)}
-        return dict(records=render_checks.nccl_env_records(
-            nodes, bases.str_list(args.get("rank_order")),
-            boolean(args.get("iface_uniform", True), strict=False)))
+        records = render_checks.nccl_env_records(nodes, bases.str_list(args.get("rank_order")),
+                                                 boolean(args.get("iface_uniform", True), strict=False))
+        mine = bases.str_list(args.get("record"))
+        out = self.record(task_vars, *[dict(r, host=h) for h in mine for r in records.get(h, [])]) if mine else {}
+        return dict(out, records=records)

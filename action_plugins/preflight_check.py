@@ -37,6 +37,12 @@ options:
         callback C(preflight_records) keeps each record with its node (the project's C(ansible.cfg) loads it)."
     type: list
     elements: dict
+  hosts:
+    description:
+      - "Record the same records for each of these nodes (each record naming its node): a task that runs once
+        (C(run_once)) records a verdict every node shares, one worker for the cluster instead of one per node."
+    type: list
+    elements: str
   ok:
     description: Whether the check passed. Ignored when I(status) is given.
     type: bool
@@ -168,6 +174,11 @@ class ActionModule(bases.ControllerAction):
             specs = list(args["records"])
         else:
             specs = [args]
+        if args.get("hosts") is not None:
+            hosts = args["hosts"]
+            if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+                raise AnsibleActionFail("preflight_check: 'hosts' must be a list of node names (ansible_play_hosts)")
+            specs = [dict(spec, host=h) for h in hosts for spec in specs]
         host = task_vars.get("inventory_hostname")
         run = _run_id(task_vars)
         records = [dict(self._record(spec, host), run=run) for spec in specs]
@@ -179,6 +190,12 @@ class ActionModule(bases.ControllerAction):
                                                       "\n    fix: " + r["fix"] if r["fix"] else ""),
                                 color=C.COLOR_ERROR)
         facts = self._publish(args.get("publish"))
+        if not check_records.callback_keeps_records() and any(r["host"] != host for r in records):
+            raise AnsibleActionFail(
+                "preflight_check: records for other nodes (%s; a task run once for every node) are kept by the "
+                "callback preflight_records, which this run does not load. Run with the project's ansible.cfg "
+                "(callback_plugins = callback_plugins), or add the project's callback_plugins directory to "
+                "ANSIBLE_CALLBACK_PLUGINS" % ", ".join(sorted({r["host"] for r in records if r["host"] != host})))
         if not check_records.callback_keeps_records():
             # No callback keeps them (plugin_utils/check_records.py): the records go in the fact, merged here. With a
             # persistent fact cache Ansible keeps facts returned by any action but set_fact between runs, so the

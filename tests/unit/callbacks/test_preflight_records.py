@@ -177,6 +177,45 @@ def test_without_the_callback_the_records_and_values_are_facts_as_before(tmp_pat
     assert got["pub_fact"] == "one"
 
 
+ONCE_FOR_EVERY_NODE = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Record for this node
+      preflight_check: {check: t.own, ok: true}
+    - name: Record for every node at once
+      preflight_check:
+        hosts: "{{ ansible_play_hosts }}"
+        records: [{check: t.shared, ok: false, detail: "seen from {{ inventory_hostname }}"}]
+      run_once: true
+    - name: Show
+      ansible.builtin.debug:
+        msg: "RESULT {{ preflight_results | map(attribute='host') | zip(preflight_results | map(attribute='check'))
+                        | map('join', ' ') | list | to_json }}"
+"""
+
+
+def test_a_task_run_once_records_for_every_node_each_under_its_node(tmp_path):
+    """preflight_check's hosts (the cluster-wide record tasks: host_basics, nccl_env's compare): one worker, each
+    node's record under its own node, its earlier records kept. Without the callback the records could only be one
+    fact that Ansible copies to every node of a run_once task, so the task fails naming the fix instead."""
+    pb = tmp_path / "pb.yml"
+    pb.write_text(ONCE_FOR_EVERY_NODE)
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "n1,n2,", "-c", "local",
+            "-e", f"ansible_python_interpreter={sys.executable}", str(pb)]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env.pop("TRAINYARD_RECORDS_CALLBACK", None)
+    r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = [json.loads(json.loads("{" + ln.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
+             for ln in r.stdout.splitlines() if "RESULT " in ln]
+    assert sorted(map(tuple, shown)) == [("n1 t.own", "n1 t.shared"), ("n2 t.own", "n2 t.shared")], r.stdout
+    off = dict(env, ANSIBLE_CALLBACK_PLUGINS=str(tmp_path / "none"))
+    r = subprocess.run(argv, cwd=REPO, env=off, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "records for other nodes (n2" in r.stdout, r.stdout
+    assert "callback_plugins = callback_plugins" in r.stdout
+
+
 def test_publish_hands_the_values_to_the_callback_and_keeps_the_records_fallback(monkeypatch):
     monkeypatch.setenv(cr.CALLBACK_ENV, str(os.getppid()))
     out = cr.publish({"ansible_facts": {"a": 1, cr.HIDDEN: [rec("c.one")]}, "x": 2}, ["n1", "n2"], no_log=False)

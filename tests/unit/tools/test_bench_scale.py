@@ -77,11 +77,11 @@ def test_model_recovers_the_costs_and_projects_with_the_nodes_in_parallel():
 
 def test_the_once_per_run_tasks_are_found_in_the_role_files_and_the_controller_plays():
     once = scale.once_tasks()
-    assert "nccl_env : Compare the env files of every node" in once  # run_once
+    assert "nccl_env : Compare the env files of every node and record each node's fabric and env file checks" in once  # run_once
     assert "cluster : Collect every node's check records" in once  # the report play, on localhost
     assert "cluster : Leave out the failing nodes and remember the machines that failed" in once  # the exclude play
     assert "network : Probe the network, set and persist the data interface MTU" not in once  # every node
-    run = {"task_cpu": [["nccl_env : Compare the env files of every node", 0.25, 0.0],
+    run = {"task_cpu": [["nccl_env : Compare the env files of every node and record each node's fabric and env file checks", 0.25, 0.0],
                         ["network : Probe the network, set and persist the data interface MTU", 3.0, 9.0],
                         ["cluster : Collect every node's check records", 0.5, 0.0]]}
     assert scale.once_cpu_s(run) == pytest.approx(0.75)
