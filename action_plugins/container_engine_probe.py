@@ -37,9 +37,9 @@ options:
     type: str
     default: auto
   nvidiactl:
-    description: The node has C(/dev/nvidiactl) (an NVIDIA driver is loaded).
+    description: The node has C(/dev/nvidiactl) (an NVIDIA driver is loaded); left out, the action looks on the node
+      (C(stat), in check mode too).
     type: bool
-    default: false
   docker_host:
     description: Passed to C(community.docker.docker_host_info) when given.
     type: str
@@ -112,6 +112,8 @@ class ActionModule(ActionBase):
             result.update(failed=True, refused=True, msg="\n".join(str(r) for r in refuse))
             return result
         view = {k: args.pop(k, None) for k in _VIEW_ARGS}
+        if view["nvidiactl"] is None:
+            view["nvidiactl"] = self._nvidiactl(task_vars)
         answer = view["answer"] if isinstance(view["answer"], dict) else {}
         asked = not answer.get("can_talk_to_docker")
         if asked:
@@ -121,3 +123,14 @@ class ActionModule(ActionBase):
         result.update(container_checks.engine_view(answer, view["container_gpus"] or "auto",
                                                    view["container_gpu_mode"] or "auto", view["nvidiactl"]))
         return result
+
+    def _nvidiactl(self, task_vars):
+        """Whether the node has /dev/nvidiactl (a stat that reads only, run in check mode too)."""
+        check_mode = self._task.check_mode
+        self._task.check_mode = False
+        try:
+            answer = self._execute_module(module_name="ansible.legacy.stat", task_vars=task_vars,
+                                          module_args={"path": "/dev/nvidiactl", "get_checksum": False})
+        finally:
+            self._task.check_mode = check_mode
+        return bool((answer.get("stat") or {}).get("exists"))

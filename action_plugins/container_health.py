@@ -81,7 +81,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, container_checks
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import size_bytes
 
-_START = "container : Start the training container"
+_START = "container : Create the mounted directories and start the training container"
 _DEVICE_GPU_SKIP = "no GPU on this node (/dev/nvidiactl absent): nothing to compare with nvidia_gpu_facts"
 
 

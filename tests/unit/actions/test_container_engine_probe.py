@@ -41,6 +41,14 @@ def test_an_answer_that_talked_to_the_engine_is_not_asked_again():
     assert "marker" not in again and again["asked"] is True and again["gpus"] is False, again
 
 
+def test_without_the_host_probe_s_answer_it_looks_for_the_nvidia_control_device_itself():
+    """The role run on its own (no cluster role before it, no install): nvidiactl left out, the action stats
+    /dev/nvidiactl on the node (this machine here) and container_gpus auto follows it."""
+    r = adhoc("container_engine_probe", {"container_gpus": "auto", "container_gpu_mode": "runtime"})
+    assert r["gpus"] is os.path.exists("/dev/nvidiactl"), r
+    assert adhoc("container_engine_probe", {"container_gpus": "auto", "nvidiactl": True})["gpus"] is True
+
+
 def test_the_role_refuses_an_unset_image_before_the_install(tmp_path: Path):
     play = tmp_path / "play.yml"
     play.write_text(json.dumps([{

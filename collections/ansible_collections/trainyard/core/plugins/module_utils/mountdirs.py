@@ -1,7 +1,8 @@
 """The training container's bind-mount sources on the host: create them, give the writable ones to the job's user,
 give the job's read-only directory the job's group (stdlib only; every step through jobtree.py's descriptors).
 
-The rules (those of roles/container/tasks/dirs.yml before they became one module call):
+The rules (those of the container role's directory tasks before they became one module call, now run by the action
+container_start in roles/container/tasks/run.yml):
 
 * a source is created as ``mkdir -p`` would (missing parents too, root 0755); an existing one keeps its mode and
   owner. Its parents are the host's (resolved as the host made them), except below another writable source: there

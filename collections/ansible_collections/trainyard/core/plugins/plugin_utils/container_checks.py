@@ -492,7 +492,7 @@ def verify_inputs(v):
               "ipc_mode": "host", "pid_mode": "host", "mounts": v.get("mounts") or [], "gpus": gpus,
               "gpu_mode": gpu_mode, "devices": devices, "user": v.get("user"), "cap_add": v.get("cap_add") or [],
               "no_new_privileges": _flag(v.get("no_new_privileges"))}
-    started = {"container : Start the training container": v.get("run") or {}}
+    started = {"container : Create the mounted directories and start the training container": v.get("run") or {}}
     records = [
         engine_record(ok, engine.get("host_info") or {}, engine.get("engine_msg")),
         gpus_record({"node": v.get("node"), "engine_ok": ok, "container_gpus": v.get("container_gpus"),
