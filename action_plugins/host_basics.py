@@ -14,9 +14,9 @@ description:
     itself a container without an engine, C(cluster.container) (plugin_utils/host_basics.py), and records them as
     C(preflight_check) does, each record naming its node."
   - "Runs once (C(run_once: true)) for every node of I(nodes): one worker for the cluster instead of one per node.
-    Each node's records use its own options (C(cluster_output_root), C(cluster_preflight) over
-    C(_cluster_preflight_defaults), C(launch_runtime), C(nccl_env_profile), C(container_engine_install),
-    C(container_enabled): the node's where its variables set them, else the role's default)."
+    Each node's records use the options its probe kept (C(kept): C(output_root), C(thresholds), C(launch_runtime),
+    C(nccl_env_profile), C(container_engine_install), C(container_enabled), as the node's own variables gave them
+    in the probe's task)."
   - "Each clock is judged against the median clock offset of the nodes (every shard's nodes in a sharded run,
     plugin_utils/shards.py), widened by the largest measurement error."
   - A probe that failed (no Python that can run it) is recorded as a C(cluster.python) failure with its error and
@@ -35,6 +35,7 @@ EXAMPLES = r"""
 - name: Record the host basics of every node (once, each clock against the median of the nodes)
   host_basics:
     nodes: "{{ ansible_play_hosts }}"
+    probes: "{{ ansible_play_hosts | map('extract', hostvars, '__cluster_host') | list }}"
   run_once: true
 """
 
@@ -53,9 +54,9 @@ preflight_records:
 from ansible.errors import AnsibleActionFail
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, host_basics, shards
 
-# What each node's records read of its variables.
-_NODE_VARS = ("__cluster_host", "cluster_output_root", "cluster_preflight", "launch_runtime", "nccl_env_profile",
-              "container_engine_install", "container_enabled")
+# What each node's records read of its probe's kept options (roles/cluster/tasks/preflight.yml).
+_KEPT = ("output_root", "thresholds", "launch_runtime", "nccl_env_profile", "container_engine_install",
+         "container_enabled")
 
 
 class ActionModule(bases.ControllerAction):
@@ -64,30 +65,30 @@ class ActionModule(bases.ControllerAction):
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
             raise AnsibleActionFail("host_basics: 'nodes' must be the list of the nodes to record "
                                     "(ansible_play_hosts), not %s" % type(nodes).__name__)
-        unknown = [n for n in nodes if n not in task_vars.get("hostvars", {})]
-        if unknown:
-            raise AnsibleActionFail("host_basics: not in the inventory: %s" % ", ".join(unknown))
-        per = {node: self.node_vars(task_vars, node, _NODE_VARS) for node in nodes}
+        given = args.get("probes")
+        if not isinstance(given, list) or len(given) != len(nodes):
+            raise AnsibleActionFail("host_basics: 'probes' must be each node's registered host_facts result, one per "
+                                    "node of 'nodes' (%d) in its order, as values" % len(nodes))
+        probes = dict(zip(nodes, given))
         try:
-            clocks = shards.union([(v["__cluster_host"] or {}).get("clock", {}) for v in per.values()],
-                                  "cluster-clock")
+            clocks = shards.union([(p or {}).get("clock", {}) for p in probes.values()], "cluster-clock")
         except shards.ShardError as e:
             raise AnsibleActionFail(str(e)) from None
         reference = host_basics.clock_reference(clocks)
-        defaults = self.var(task_vars, "_cluster_preflight_defaults") or {}
         records = []
-        for node, v in per.items():
-            mine = bases.need_dict(v["cluster_preflight"] or {}, f"host_basics: {node}: cluster_preflight")
-            opts = {"thresholds": dict(defaults, **mine), "output_root": str(v["cluster_output_root"] or ""),
-                    "launch_runtime": str(v["launch_runtime"] or "docker"),
-                    "nccl_env_profile": str(v["nccl_env_profile"] or "tcp"),
-                    "container_engine_install": v["container_engine_install"],
-                    "container_enabled": v["container_enabled"]}
+        for node, probe in probes.items():
+            kept = (probe or {}).get("kept")
+            if not isinstance(kept, dict) or any(k not in kept for k in _KEPT):
+                raise AnsibleActionFail(f"host_basics: {node} has no probe result with the options it kept (the task "
+                                        f"'Probe the node in one round trip' with keep: {', '.join(_KEPT)})")
+            opts = dict(kept, output_root=str(kept["output_root"] or ""),
+                        thresholds=bases.need_dict(kept["thresholds"], f"host_basics: {node}: thresholds"),
+                        launch_runtime=str(kept["launch_runtime"] or "docker"),
+                        nccl_env_profile=str(kept["nccl_env_profile"] or "tcp"))
             missing = [k for k in host_basics.THRESHOLDS if k not in opts["thresholds"]]
             if missing:
                 raise AnsibleActionFail("host_basics: %s: cluster_preflight lacks %s" % (node, ", ".join(missing)))
-            records += [dict(r, host=node)
-                        for r in host_basics.host_basics_records(v["__cluster_host"], reference, opts)]
+            records += [dict(r, host=node) for r in host_basics.host_basics_records(probe, reference, opts)]
         out = self.record(task_vars, *records)
         out["clocks"] = reference or {"nodes": 0}
         return out

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """Action of the host_facts module: the controller's clock just before and just after the module runs, so the one
 round trip that reads the host basics also measures the node's clock offset (the midpoint of the window) and its
-error bound (half the window). The module's trainyard_init is published as a host variable, not a fact."""
+error bound (half the window). The module's trainyard_init is published as a host variable, not a fact. I(keep) stays
+on the controller: the result carries it as C(kept)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        kept = args.pop("keep", None) or {}
         before = time.time()
-        result.update(self._execute_module(module_name="host_facts", module_args=self._task.args,
-                                           task_vars=task_vars))
+        result.update(self._execute_module(module_name="host_facts", module_args=args, task_vars=task_vars))
+        result["kept"] = kept
         after = time.time()
         if isinstance(result.get("time"), float):
             result["clock"] = {"offset": result["time"] - (before + after) / 2, "uncertainty": (after - before) / 2}

@@ -19,6 +19,13 @@ description:
     node's offset from it (I(clock)), so no second call is needed to measure the clock.
   - The docker engine is asked over its Unix socket (C(GET /_ping), C(GET /version)); no command is run.
 options:
+  keep:
+    description:
+      - Values of this node to keep in the result as C(kept), unchanged (the action keeps them; they are not sent to
+        the node). The cluster role keeps the options each node's host-basics records use, as the node's own
+        variables give them, for the task that records every node's at once.
+    type: dict
+    default: {}
   paths:
     description: Paths whose filesystem space is reported, e.g. the output root.
     type: list
@@ -49,6 +56,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+kept:
+  description: I(keep), as given.
+  returned: always
+  type: dict
 time:
   description: The node's clock (seconds since the epoch) when the module ran.
   returned: always

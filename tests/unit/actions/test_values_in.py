@@ -43,11 +43,13 @@ def test_nvidia_driver_check_peers_of_refuses_bad_shapes(arg, why):
         decide(NDC, {"peers_of": arg})
 
 
-def test_host_basics_takes_the_list_of_nodes_not_a_name():
+def test_host_basics_takes_the_nodes_and_their_probes_as_values():
     with pytest.raises(AnsibleActionFail, match=r"'nodes' must be the list of the nodes to record"):
-        decide(HB, {"nodes": "ansible_play_hosts"})
-    with pytest.raises(AnsibleActionFail, match=r"not in the inventory: n9"):
-        decide(HB, {"nodes": ["n9"]})
+        decide(HB, {"nodes": "ansible_play_hosts", "probes": []})
+    with pytest.raises(AnsibleActionFail, match=r"'probes' must be each node's registered host_facts result, one per"):
+        decide(HB, {"nodes": ["n1", "n2"], "probes": "__cluster_host"})
+    with pytest.raises(AnsibleActionFail, match=r"n1 has no probe result with the options it kept"):
+        decide(HB, {"nodes": ["n1", "n2"], "probes": [{"kept": {}}, {"failed": True}]})  # n1 kept nothing
 
 
 def test_nccl_env_validate_compare_takes_each_hosts_results_as_values():

@@ -180,23 +180,24 @@ def test_no_per_node_task_of_the_preflight_templates_over_every_host():
 def test_the_role_records_every_node_and_takes_the_median_once(tmp_path):
     """roles/cluster/tasks/preflight.yml by the real ansible-playbook over three local hosts; n3's Python does not
     exist, so its probe fails: cluster.python names the error, the rest are skipped, and the clock median is over the
-    two nodes that answered."""
+    two nodes that answered. The records of every node come from one task (run_once on n1), each with the node's own
+    options: n1's own cluster_preflight (a host variable) fails its disk check and no other node's."""
     pb = tmp_path / "pb.yml"
     pb.write_text(f"""
 - hosts: all
   gather_facts: false
-  vars:
-    cluster_output_root: {tmp_path}/out
-    cluster_preflight: {{min_free_gb: 0.001, min_shm_mb: 1, min_memlock_kb: 0, docker: skip}}
   tasks:
     - ansible.builtin.import_role: {{name: trainyard_defaults}}
     - ansible.builtin.import_role: {{name: cluster, tasks_from: preflight}}
     - ansible.builtin.debug: {{var: preflight_results}}
 """)
     inv = tmp_path / "hosts.yml"
+    pf = {"min_free_gb": 0.001, "min_shm_mb": 1, "min_memlock_kb": 0, "docker": "skip"}
     inv.write_text(yaml.safe_dump({"all": {"hosts": {
-        "n1": {}, "n2": {}, "n3": {"ansible_python_interpreter": "/nonexistent/python3"}},
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}))
+        "n1": {"cluster_preflight": dict(pf, min_free_gb=10 ** 9)}, "n2": {},
+        "n3": {"ansible_python_interpreter": "/nonexistent/python3"}},
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "cluster_output_root": f"{tmp_path}/out", "cluster_preflight": pf}}}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
     p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(pb)], cwd=REPO, env=env,
@@ -210,8 +211,8 @@ def test_the_role_records_every_node_and_takes_the_median_once(tmp_path):
         # docker: skip, unless an engine answers on this machine (then it says so).
         docker = "pass" if results[node]["cluster.docker"]["detail"].startswith("docker ") else "skip"
         assert {c: r["status"] for c, r in results[node].items()} == {
-            "cluster.python": "pass", "cluster.disk": "pass", "cluster.shm": "pass", "cluster.memlock": "pass",
-            "cluster.docker": docker, "cluster.clock": "pass"}, results[node]
+            "cluster.python": "pass", "cluster.disk": "fail" if node == "n1" else "pass", "cluster.shm": "pass",
+            "cluster.memlock": "pass", "cluster.docker": docker, "cluster.clock": "pass"}, results[node]
         assert results[node]["cluster.clock"]["host"] == node
         assert results[node]["cluster.clock"]["detail"].startswith("clock ")
     bad = results["n3"]

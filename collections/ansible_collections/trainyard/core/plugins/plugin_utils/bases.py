@@ -39,13 +39,6 @@ class ControllerAction(ActionBase):
             return default
         return self._templar.template(task_vars[name])
 
-    def node_vars(self, task_vars, host, names):
-        """{name: value} of another node, for an action that runs once and records for every node (run_once): the
-        node's own value where its variables set one (the inventory, an extra var, a registered result), else this
-        task's (a role's default, the same on every node). One read of the node's variables (hostvars[host])."""
-        node = task_vars["hostvars"][host]
-        return {name: node[name] if name in node else self.var(task_vars, name) for name in names}
-
     def run_reading_module(self, name, module_args, task_vars):
         """The answer (without its invocation) of a module that only reads, run in check mode as well, as a task with
         check_mode: false runs it (the task's check mode would make a module such as command skip)."""
