@@ -183,13 +183,13 @@ def test_the_role_records_every_node_and_takes_the_median_once(tmp_path):
     two nodes that answered. The records of every node come from one task (run_once on n1), each with the node's own
     options: n1's own cluster_preflight (a host variable) fails its disk check and no other node's."""
     pb = tmp_path / "pb.yml"
-    pb.write_text(f"""
+    pb.write_text("""
 - hosts: all
   gather_facts: false
   tasks:
-    - ansible.builtin.import_role: {{name: trainyard_defaults}}
-    - ansible.builtin.import_role: {{name: cluster, tasks_from: preflight}}
-    - ansible.builtin.debug: {{var: preflight_results}}
+    - ansible.builtin.import_role: {name: trainyard_defaults}
+    - ansible.builtin.import_role: {name: cluster, tasks_from: preflight}
+    - ansible.builtin.debug: {var: preflight_results}
 """)
     inv = tmp_path / "hosts.yml"
     pf = {"min_free_gb": 0.001, "min_shm_mb": 1, "min_memlock_kb": 0, "docker": "skip"}
