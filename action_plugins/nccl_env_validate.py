@@ -39,6 +39,12 @@ options:
     elements: dict
   job: {description: The job's name (C(cluster_job_name)) for the file's header., type: str, default: ""}
   path: {description: Where the file goes on the node (C(nccl_env_path))., type: str, default: ""}
+  plugin_probe:
+    description: The argument vector that looks for the NCCL net plugin (a C(find) of C(libnccl-net*.so*) in the
+      training container, for the efa and GCP profiles), run after the write, in check mode too; its answer is the
+      result's C(plugin), for I(compare). Its failure never fails the task.
+    type: list
+    elements: str
   compare:
     description: "Run once: C({hosts, rank_order, iface_uniform, validated, write, plugin, record}), the play's hosts,
       the hosts by rank, whether the network role found the data interface's name the same everywhere, and, one per
@@ -132,6 +138,10 @@ files:
     task's own result so the check-mode plan shows the file the run would write; its C(diff) beside it in diff mode."
   returned: with I(write), when the build found nothing to refuse
   type: list
+plugin:
+  description: The plugin probe's answer (C(rc), C(stdout), C(stderr), C(msg)).
+  returned: with I(plugin_probe), unless the build or the write failed
+  type: dict
 records:
   description: "With I(compare): C({host: [nccl_env.fabric, nccl_env.consistent]}) for preflight_check."
   returned: with I(compare)
@@ -194,8 +204,16 @@ class ActionModule(bases.ControllerAction):
                      path=str(args.get("path") or ""),
                      fabric={k: settings.get(k, "") for k in ("profile", "gpu_nics", "plugin_dir", "ib_hca")})
         if args.get("write") is not None:
-            return self.write(bases.need_dict(args["write"], "nccl_env_validate: 'write'"), built, task_vars)
+            built = self.write(bases.need_dict(args["write"], "nccl_env_validate: 'write'"), built, task_vars)
+        if args.get("plugin_probe") and not built.get("failed"):
+            built["plugin"] = self.plugin_probe(bases.str_list(args["plugin_probe"]), task_vars)
         return built
+
+    def plugin_probe(self, argv, task_vars):
+        """The look for the NCCL net plugin (the command's argv: a find in the training container), read in check mode
+        too; its failure is nccl_env.fabric's to judge (render_checks.nccl_fabric), never the task's."""
+        answer = self.run_reading_module("ansible.legacy.command", {"argv": argv}, task_vars)
+        return {k: answer[k] for k in ("rc", "stdout", "stderr", "msg") if k in answer}
 
     def write(self, write, built, task_vars):
         """The file written on the node by the job_files module (one round trip, through module_utils/jobtree.py);
