@@ -94,12 +94,12 @@ gpu_mode:
 """
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, container_checks
 
 _VIEW_ARGS = ("answer", "container_gpus", "container_gpu_mode", "nvidiactl")
 
 
-class ActionModule(ActionBase):
+class ActionModule(bases.ReadingModules, ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
@@ -126,11 +126,6 @@ class ActionModule(ActionBase):
 
     def _nvidiactl(self, task_vars):
         """Whether the node has /dev/nvidiactl (a stat that reads only, run in check mode too)."""
-        check_mode = self._task.check_mode
-        self._task.check_mode = False
-        try:
-            answer = self._execute_module(module_name="ansible.legacy.stat", task_vars=task_vars,
-                                          module_args={"path": "/dev/nvidiactl", "get_checksum": False})
-        finally:
-            self._task.check_mode = check_mode
+        answer = self.run_reading_module("ansible.legacy.stat", {"path": "/dev/nvidiactl", "get_checksum": False},
+                                         task_vars)
         return bool((answer.get("stat") or {}).get("exists"))

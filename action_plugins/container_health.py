@@ -9,7 +9,8 @@ module: container_health
 short_description: Record every check of the container role, running the in-container health probe, in one task
 description:
   - "One task per node for the role's last step. Records, as C(preflight_check) does, the engine and GPU checks (from
-    the engine probe's result, I(engine)), the login and the pull (I(login), I(pull)), the image digest (I(digest)),
+    the engine probe's result, I(engine)), the login, the pull and in check mode the registry's answer (I(pull)), the
+    image digest (I(digest)),
     the container against its wanted configuration (I(run), else I(info)), then the C(container.health.*) records:
     C(community.docker.docker_container_exec) runs the health probe (the role's C(files/container_health.py)) inside
     the training container. The verdicts are plugin_utils/container_checks.py's (verify_inputs, health_records)."
@@ -36,10 +37,7 @@ options:
     description: The read of the training container (C(docker_container_info)), where the start gave no answer.
     type: dict
   pull:
-    description: The pull's result in this run, if it ran.
-    type: dict
-  login:
-    description: The registry login's result in this run, if it ran.
+    description: The pull's result in this run (C(container_pull)'s, with the login's under C(login)), if it ran.
     type: dict
   digest:
     description: This node's image verdict (C(container_digest_verdicts)' entry).
@@ -59,7 +57,6 @@ EXAMPLES = r"""
     run: "{{ __container_run | default(none) }}"
     info: "{{ __container_info | default(none) }}"
     pull: "{{ __container_pull | default(none) }}"
-    login: "{{ __container_login | default(none) }}"
     digest: "{{ _container_digests[inventory_hostname] }}"
     registry: "{{ _container_registry }}"
 """
@@ -96,7 +93,7 @@ class ActionModule(bases.ControllerAction):
             self.var(task_vars, "container_mounts_extra", []) or [])
         verified = container_checks.verify_inputs({
             "engine": engine, "run": args.get("run"), "info": args.get("info"), "pull": args.get("pull"),
-            "login": args.get("login"), "digest": args.get("digest") or {}, "registry": args.get("registry") or "",
+            "digest": args.get("digest") or {}, "registry": args.get("registry") or "",
             "check_mode": boolean(task_vars.get("ansible_check_mode", False), strict=False),
             "node": task_vars.get("inventory_hostname"), "image": opt["image"], "name": opt["name"],
             "registry_username": opt["registry_username"], "user": opt["user"], "cap_add": opt["cap_add"],

@@ -33,8 +33,8 @@ _FILE = {"lineinfile", "blockinfile", "copy", "template", "file", "job_files", "
          "unarchive", "systemd_unit_file", "nvidia_gpu_facts"}  # nvidia_gpu_facts keeps CUDA_DEVICE_ORDER
 _PACKAGE = {"apt", "package", "dnf", "yum", "pip"}
 _HOLD = {"dpkg_selections"}
-_IMAGE = {"docker_image", "docker_image_pull"}
-_CONTAINER = {"docker_container"}
+_IMAGE = {"docker_image", "docker_image_pull", "container_pull"}  # container_pull: the role's login and pull
+_CONTAINER = {"docker_container", "container_start"}  # container_start: the role's directories and container
 _JOB = {"torchrun_launch"}
 _MAX_DIFF = 20000
 
@@ -125,7 +125,7 @@ def summarize(action, args, result):
     if kind == "hold":
         return "dpkg selection of %s -> %s" % (args.get("name"), args.get("selection"))
     if kind == "image":
-        name = str(args.get("name") or "")
+        name = str(args.get("name") or (args.get("pull") or {}).get("name") or "")
         tagged = ":" in name.rsplit("/", 1)[-1] or "@" in name
         return "pull %s%s" % (name, (":" + str(args["tag"])) if args.get("tag") and not tagged else "")
     if kind == "container":

@@ -14,7 +14,7 @@ from collections import Counter
 
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids
 from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
-    caps_spec, mounts_spec, registry_reach_record, short_digest, ulimits_spec)
+    caps_spec, mounts_spec, short_digest, ulimits_spec)
 
 
 def image_repository(ref: str) -> str:
@@ -239,6 +239,5 @@ class FilterModule:
             "container_ldcache_driver_libs": ldcache_driver_libs,
             "container_driver_lib_mounts": driver_lib_mounts,
             "container_gpu_device_nodes": gpu_device_nodes,
-            "container_registry_reach_record": registry_reach_record,
             "container_reset_summary": reset_summary,
         }

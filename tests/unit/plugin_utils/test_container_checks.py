@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-from helpers import load
-
 from ansible_collections.trainyard.core.plugins.plugin_utils import container_checks as cc
-
-cf = load("filter_plugins/container_filters.py", "container_filters")
 
 HOST = {"ServerVersion": "27.1.1", "Driver": "overlay2", "CgroupVersion": "2"}
 LIBS_OK = {"libraries": ["libcuda.so.1", "libnvidia-ml.so.1"], "missing": [], "stale": [], "mounts": []}
@@ -199,7 +195,6 @@ def test_registry_reach_pass_and_fail():
     assert bad["detail"] == ("the run would pull reg:5000/t/train:1 but this node cannot read it from the registry: "
                              "Get https://reg:5000/v2/: http: server gave HTTP")
     assert bad["fix"].startswith("Make the registry (reg:5000) reachable from this node")
-    assert cf.FilterModule().filters()["container_registry_reach_record"] is cc.registry_reach_record
     assert cc.registry_reach_record(None, "i", "r")["detail"].endswith("from the registry: ?")
 
 
@@ -290,3 +285,16 @@ def test_verify_inputs_when_the_engine_does_not_answer():
         ("container.engine", "fail"), ("container.gpus", "skip"), ("container.image_digest", "skip"),
         ("container.running", "skip")]
     assert out["running"] is False and out["skip_reason"] == "the engine does not answer"
+
+
+def test_verify_inputs_takes_the_login_and_the_registry_s_answer_from_the_pull():
+    """container_pull's result carries the login's (login) and, in check mode where the run would pull, the
+    registry's answer (manifest): the login record, the pull record (not present yet) and container.registry_reach."""
+    pull = {"changed": True, "image": {}, "login": {"login_result": {}, "changed": False},
+            "manifest": {"rc": 0, "stdout": '{"Descriptor": {"digest": "sha256:ab"}}'}}
+    checks = {r["check"]: r for r in verify(pull=pull, registry_username="u", check_mode=True)["records"]}
+    assert status(checks["container.registry_login"]) == "pass" and "as u" in checks["container.registry_login"]["detail"]
+    assert checks["container.image_pull"]["detail"] == "r:1 not present yet"
+    reach = checks["container.registry_reach"]
+    assert status(reach) == "pass" and reach["detail"] == "r:1 is in the registry, digest sha256:ab", reach
+    assert "container.registry_reach" not in {r["check"] for r in verify()["records"]}

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """Base classes of the project's controller plugins: ``ControllerAction`` for the actions that run on the
 controller only (no connection, no files; the task's arguments in, one pure function, its answer out as the
-result, never a change), ``AlwaysLoadedCallback`` for the callbacks loaded without being enabled."""
+result, never a change), ``ReadingModules`` for an action that runs modules that only read (check mode too),
+``AlwaysLoadedCallback`` for the callbacks loaded without being enabled."""
 
 from __future__ import annotations
 
@@ -12,7 +13,23 @@ from ansible.plugins.callback import CallbackBase
 from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
 
 
-class ControllerAction(ActionBase):
+class ReadingModules:
+    """For an action that also runs modules that only read (mixed in before ActionBase)."""
+
+    def run_reading_module(self, name, module_args, task_vars):
+        """The answer (without its invocation) of a module that only reads, run in check mode as well, as a task with
+        check_mode: false runs it (the task's check mode would make a module such as command skip)."""
+        check_mode = self._task.check_mode
+        self._task.check_mode = False
+        try:
+            answer = self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
+        finally:
+            self._task.check_mode = check_mode
+        answer.pop("invocation", None)
+        return answer
+
+
+class ControllerAction(ReadingModules, ActionBase):
     """Subclasses write decide(args, task_vars): the result's keys (failed and msg when it fails), or
     AnsibleActionFail for bad arguments."""
 
@@ -38,18 +55,6 @@ class ControllerAction(ActionBase):
         if name not in task_vars:
             return default
         return self._templar.template(task_vars[name])
-
-    def run_reading_module(self, name, module_args, task_vars):
-        """The answer (without its invocation) of a module that only reads, run in check mode as well, as a task with
-        check_mode: false runs it (the task's check mode would make a module such as command skip)."""
-        check_mode = self._task.check_mode
-        self._task.check_mode = False
-        try:
-            answer = self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
-        finally:
-            self._task.check_mode = check_mode
-        answer.pop("invocation", None)
-        return answer
 
     def record(self, task_vars, *records):
         """preflight_check's result recording `records` for this host: an action records its checks itself."""

@@ -475,7 +475,8 @@ def config_problems(inspect: dict | None, expected: dict) -> list:
 def verify_inputs(v):
     """Everything tasks/verify.yml records but the health (the container_health action's part before the probe),
     from v: the registered results engine (the probe's, with engine_view's keys), run (the start of the container),
-    info (its read), pull, login, check_mode, digest (this node's container_digest_verdicts entry); the role's
+    info (its read), pull (container_pull's: the login's result under login, the registry's answer in check mode under
+    manifest), check_mode, digest (this node's container_digest_verdicts entry); the role's
     options name, image, registry (the image's, resolved), registry_username, user, cap_add, no_new_privileges,
     ulimits, mounts (container_mounts + container_mounts_extra), container_gpus, container_gpu_mode, and what
     tasks/gpu_devices.yml found (devices, driver_libs, driver_version, driver_lib_dir; absent where it did not run).
@@ -500,8 +501,10 @@ def verify_inputs(v):
                      "runtimes": engine.get("runtimes") or [], "devices": devices,
                      "driver_libs": v.get("driver_libs") or {}, "driver_version": v.get("driver_version"),
                      "driver_lib_dir": v.get("driver_lib_dir") or ""}),
-        *pull_records(v.get("pull"), v.get("login"), v.get("image"), v.get("registry"), v.get("registry_username"),
-                      check_mode),
+        *pull_records(v.get("pull"), (v.get("pull") or {}).get("login"), v.get("image"), v.get("registry"),
+                      v.get("registry_username"), check_mode),
+        *([registry_reach_record(v["pull"]["manifest"], v.get("image"), v.get("registry"))]
+          if isinstance((v.get("pull") or {}).get("manifest"), dict) else []),
         digest_record(digest, ok, v.get("image"), v.get("pull") or {}),
         running_record({"engine_ok": ok, "name": v.get("name"), "problems": config_problems(inspect, wanted),
                         "mounts": len(wanted["mounts"]), "user": v.get("user"), "caps": caps_spec(wanted["cap_add"]),
