@@ -31,10 +31,12 @@ options:
     type: dict
     required: true
   run:
-    description: The start of the training container's result in this run (C(docker_container)), if it ran.
+    description: The start of the training container's result in this run (C(container_start)'s, with its own read of
+      the container under C(info) where the start gave none), if it ran.
     type: dict
   info:
-    description: The read of the training container (C(docker_container_info)), where the start gave no answer.
+    description: The read of the training container (C(docker_container_info)) on the read-only path
+      (tasks/reads.yml), where no start ran.
     type: dict
   pull:
     description: The pull's result in this run (C(container_pull)'s, with the login's under C(login)), if it ran.

@@ -16,6 +16,9 @@ description:
     registry from the node whether the pull would work and which digest it would get, once more with C(--insecure)
     when the first read fails (a plain-HTTP registry in the engine's insecure-registries); the answer is the
     result's C(manifest), for the role's C(container.registry_reach) record (plugin_utils/container_checks.py)."
+  - "Where the pull gave no image (it failed) or in check mode (its image is the one the node would have),
+    C(community.docker.docker_image_info) reads the image the node has now, run in check mode too (I(read)); the answer
+    is the result's C(image_info), which the role's digest comparison reads (filter container_image_identities)."
   - A failed login or pull is the result's (C(login.msg), C(msg)), never the task's; the role's records say what
     failed.
   - The password is the role's option C(container_registry_password), read from the node's variables by the action
@@ -31,6 +34,10 @@ options:
     required: true
   reach:
     description: In check mode, ask the registry where the pull would change the node.
+    type: bool
+    default: true
+  read:
+    description: Read the image the node has where the pull gave none or in check mode (C(image_info)).
     type: bool
     default: true
 extends_documentation_fragment: [trainyard.core.attributes]
@@ -59,6 +66,10 @@ msg:
 login:
   description: The login's result (C(login_result), or C(failed) and C(msg)), without its arguments.
   returned: with I(login)
+  type: dict
+image_info:
+  description: C(docker_image_info)'s answer for the image (C(images), or C(failed) and C(msg)), without its arguments.
+  returned: with I(read), where the pull gave no image or in check mode
   type: dict
 manifest:
   description: The registry's answer in check mode (C(rc), C(stdout), C(stderr) of C(docker manifest inspect -v)).
@@ -94,8 +105,12 @@ class ActionModule(bases.ReadingModules, ActionBase):
         result.update(pulled)
         if login is not None:
             result["login"] = login
+        image = str(pull_args.get("name", ""))
         if self._task.check_mode and result.get("changed") and boolean(args.get("reach", True), strict=False):
-            result["manifest"] = self._manifest(str(pull_args.get("name", "")), task_vars)
+            result["manifest"] = self._manifest(image, task_vars)
+        if (self._task.check_mode or not result.get("image")) and boolean(args.get("read", True), strict=False):
+            result["image_info"] = self.run_reading_module("community.docker.docker_image_info", {"name": image},
+                                                           task_vars)
         return result
 
     def _manifest(self, image, task_vars):

@@ -14,6 +14,9 @@ description:
   - A failure of the directories fails the task with C(mount_dirs)' message, and the container is not started. A
     failure of the start is the result's (C(msg), C(start_failed)), never the task's; the role's check
     C(container.running) records it.
+  - "With I(read), where the start gave no container (it did not run, or failed) or in check mode (its answer is the
+    container it would make), C(community.docker.docker_container_info) reads the container the node has now, run in
+    check mode too; the answer is the result's C(info), which the role's C(container.running) check compares."
   - Both steps honour check mode and diff mode as their modules do.
 options:
   dirs:
@@ -28,6 +31,11 @@ options:
     description: C(community.docker.docker_container)' arguments.
     type: dict
     required: true
+  read:
+    description: Read the container (C(info)) where the start gave none or in check mode; false where the engine
+      does not answer.
+    type: bool
+    default: false
 extends_documentation_fragment: [trainyard.core.attributes]
 """
 
@@ -65,6 +73,11 @@ start_failed:
   description: The start failed (C(msg) says why).
   returned: when the start ran
   type: bool
+info:
+  description: C(docker_container_info)'s answer (C(exists), C(container), or C(failed) and C(msg)), without its
+    arguments.
+  returned: with I(read), where the start gave no container or in check mode
+  type: dict
 """
 
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -72,11 +85,19 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ActionBase):
+class ActionModule(bases.ReadingModules, ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+        result = self._steps(super().run(tmp, task_vars), task_vars)
+        if (not result.get("failed") and boolean(self._task.args.get("read", False), strict=False)
+                and (self._task.check_mode or "container" not in result)):
+            result["info"] = self.run_reading_module("community.docker.docker_container_info",
+                                                     {"name": self._task.args["container"].get("name")}, task_vars)
+        return result
+
+    def _steps(self, result, task_vars):
+        """The directories, then the container: result updated with both answers."""
         args = self._task.args
         dirs_args = bases.need_dict(args.get("dirs"), "container_start: 'dirs'", " (mount_dirs' arguments)")
         container_args = bases.need_dict(args.get("container"), "container_start: 'container'",

@@ -43,6 +43,14 @@ options:
     description: Seconds to wait for the docker engine to answer.
     type: float
     default: 3.0
+  users:
+    description:
+      - Users whose login shell is returned in C(trainyard_init.users) (null for a user that does not exist), read
+        through the system's user database (C(getpwnam), so NSS sources count). The janitor role creates its user
+        only where this says it is missing or has another shell.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -91,10 +99,10 @@ docker:
   type: dict
 ansible_facts:
   description:
-    - C(trainyard_init) C({systemd, pid1, container, container_evidence, nvidiactl}) - whether systemd runs the node
-      (/run/systemd/system is a directory), PID 1's name, whether C(/dev/nvidiactl) exists (an NVIDIA driver is
-      loaded), and the engine when the node is itself a container (C(docker), C(podman), C(lxc), C(kubernetes),
-      C(containerd), ... or null), with what showed it. Later roles of the run (cluster, fabric manager, janitor,
+    - C(trainyard_init) C({systemd, pid1, container, container_evidence, nvidiactl, users}) - whether systemd runs the
+      node (/run/systemd/system is a directory), PID 1's name, whether C(/dev/nvidiactl) exists (an NVIDIA driver is
+      loaded), the engine when the node is itself a container (C(docker), C(podman), C(lxc), C(kubernetes),
+      C(containerd), ... or null), with what showed it, and the login shell of each of I(users) (a mapping of user name to shell). Later roles of the run (cluster, fabric manager, janitor,
       network, container) read it instead of probing again.
   returned: always
   type: dict
@@ -103,6 +111,7 @@ ansible_facts:
 import json
 import os
 import platform
+import pwd
 import resource
 import shutil
 import socket
@@ -211,6 +220,14 @@ def container_engine(dockerenv: bool, containerenv: bool, pid1_environ: str, cgr
     return None, ""
 
 
+def login_shell(name: str):
+    """The user's login shell, None where there is no such user (or the name is not a user name)."""
+    try:
+        return pwd.getpwnam(name).pw_shell
+    except (KeyError, ValueError):
+        return None
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -218,6 +235,7 @@ def main() -> None:
             shm_path=dict(type="path", default="/dev/shm"),
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
             timeout=dict(type="float", default=3.0),
+            users=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -246,7 +264,8 @@ def main() -> None:
         # For the roles after this one in the run (fabric manager, janitor): no second probe of the init system.
         ansible_facts={"trainyard_init": {"systemd": os.path.isdir("/run/systemd/system"), "pid1": pid1,
                                           "container": engine, "container_evidence": evidence,
-                                          "nvidiactl": os.path.exists("/dev/nvidiactl")}},
+                                          "nvidiactl": os.path.exists("/dev/nvidiactl"),
+                                          "users": {name: login_shell(name) for name in p["users"]}}},
     )
 
 

@@ -104,13 +104,22 @@ options:
   secret_env_file:
     description:
       - Host-only file of secrets for the job (C(KEY=value) lines, taken literally), mode 0600 or stricter; the
-        launch role writes it from C(launch_secret_env) (ansible-vault values) with C(no_log).
+        launch role's start writes it from C(launch_secret_env) (ansible-vault values) in the same task
+        (I(write_secret_env)).
       - Its variables reach the job's environment (runtime C(host) through the launcher, runtime C(docker)
         through C(docker exec --env-file), so the file never needs to be inside the container). Their values
         never appear in the result, the launch spec, C(launch.json) or the log lines this module writes; only
         their names are returned (I(secret_env)). Changing a value does not make the running job another job.
       - With I(secret_env_mode=file) the values reach the job as files instead (see there).
     type: path
+  write_secret_env:
+    description:
+      - The action's, not the module's (the module never sees it); with I(state=started) and I(secret_env_file), write
+        that file first in the same task, from the launch role's C(launch_secret_env) (C(KEY=value) lines, 0600, in its
+        directory made 0700), read by the action itself so that no value is in a task argument, a result or the
+        node's log. The result says C(secret_env_file_changed).
+    type: bool
+    default: false
   secret_env_mode:
     description:
       - "C(env): the variables of I(secret_env_file) go into the job's environment, where any process of the job

@@ -34,3 +34,16 @@ def test_a_failure_of_the_directories_fails_the_task_and_starts_nothing(tmp_path
     r = adhoc("container_start", {"dirs": {"directories": [str(tmp_path / "file" / "below")]},
                                   "container": REFUSED_START})
     assert r.get("failed") and r["msg"] and "start_failed" not in r, r
+
+
+def test_with_read_a_start_that_gave_no_container_reads_the_one_the_node_has(tmp_path: Path):
+    # The role's container.running check compares the container as the engine has it (no read task of its own).
+    args = {"dirs": {"directories": [str(tmp_path / "o")]}, "start": False, "container": REFUSED_START}
+    assert "info" not in adhoc("container_start", args)
+    r = adhoc("container_start", dict(args, read=True))
+    assert not r.get("failed") and isinstance(r.get("info"), dict) and "invocation" not in r["info"], r
+    assert "exists" in r["info"] or r["info"].get("failed"), r
+    (tmp_path / "file").write_text("x")
+    failed = adhoc("container_start", {"dirs": {"directories": [str(tmp_path / "file" / "below")]}, "read": True,
+                                       "container": REFUSED_START})
+    assert failed.get("failed") and "info" not in failed, failed

@@ -19,7 +19,7 @@ FOUND = {"checkpoints": 3, "deletions": ["a", "b"], "total_bytes": 2048, "scan_s
 
 
 def play(tmp_path: Path, dry_run: list, check: bool = False, files: list | None = None,
-         user: str = "nobody", user_create: bool = False) -> tuple[int, dict, dict]:
+         user: str = "nobody", user_create: bool = False, **more) -> tuple[int, dict, dict]:
     """(rc, the janitor_check task's result, this host's facts after it) of one run."""
     root = tmp_path / "out"
     root.mkdir(exist_ok=True)
@@ -31,8 +31,8 @@ def play(tmp_path: Path, dry_run: list, check: bool = False, files: list | None 
                 "files": {"roots": [str(root)], "directories": [{"path": str(tmp_path / "state"), "mode": "0750"}],
                           "files": files},
                 "dry_run": dry_run, "root": str(root), "python": "python3", "user": user,
-                "user_create": user_create,
-                "publish": {"janitor_sidecar": {"name": "janitor", "argv": ["x"]}}}},
+                "user_create": user_create, "systemd": False,
+                "sidecar": {"name": "janitor", "argv": ["x"]}, **more}},
             {"name": "Show", "ansible.builtin.debug": {"msg": "RESULT {{ {'r': r, 'records': preflight_results | "
                                                                "default([]), 'sidecar': janitor_sidecar | default(none)}"
                                                                " | to_json }}"}}]}]))
@@ -93,6 +93,24 @@ def test_the_users_creation_is_the_same_task_converged_when_the_user_exists(tmp_
     assert got["records"][0]["status"] == "pass"
     rc, r, got = play(tmp_path, printer(FOUND), user_create=True)
     assert rc == 0 and not r["changed"], r
+
+
+def test_no_user_module_where_the_host_probe_saw_the_user_without_a_login_shell(tmp_path):
+    # The cluster role's host probe read the shell (trainyard_init.users): nologin, no module run; else the module.
+    name = "ty-janitor-%d" % os.getpid()
+    rc, r, got = play(tmp_path, printer(FOUND), user=name, user_create=True, user_shell="/usr/sbin/nologin")
+    assert rc == 0 and r["user"] == {"name": name, "changed": False, "shell": "/usr/sbin/nologin"}, r
+    assert not getent(name) and got["records"][0]["status"] == "pass", r
+    rc, r, got = play(tmp_path, printer(FOUND), check=True, user=name, user_create=True, user_shell="/bin/bash")
+    assert r["user"]["changed"] and not getent(name), r
+
+
+def test_the_mode_systemd_where_systemd_runs_the_node_and_no_sidecar_fact(tmp_path):
+    rc, r, got = play(tmp_path, printer(FOUND), systemd=True)
+    assert rc == 0 and r["mode"] == "systemd" and got["sidecar"] is None, r
+    rc, r, got = play(tmp_path, printer(FOUND), mode="systemd")
+    assert r["failed"] and "janitor_mode=systemd but systemd is not PID 1 here" in r["msg"], r
+    assert "files" not in r and got["records"] == [], r
 
 
 def test_check_mode_with_a_user_to_create_creates_nothing_and_is_pending_on_this_task(tmp_path):

@@ -51,3 +51,11 @@ def test_container_engine_from_what_the_engines_leave_behind():
     # A machine: no marker file, no container= variable, cgroup v2 root or a systemd slice.
     assert engine(False, False, "PATH=/bin\0", "0::/\n") == (None, "")
     assert engine(False, False, "", "0::/init.scope\n") == (None, "")
+
+
+def test_probe_reads_the_login_shell_of_the_users_it_is_asked_about():
+    import pwd
+    name = "ty-absent-%d" % os.getpid()
+    r = adhoc("host_facts", {"paths": [], "users": ["root", name]})
+    assert init_of(r)["users"] == {"root": pwd.getpwnam("root").pw_shell, name: None}, r
+    assert init_of(adhoc("host_facts", {"paths": []}))["users"] == {}

@@ -267,6 +267,15 @@ def test_verify_inputs_takes_the_start_over_the_read_except_in_check_mode():
     assert verify(run={"changed": True, "container": stopped}, check_mode=True)["running"] is True
 
 
+def test_verify_inputs_reads_the_start_s_own_read_where_no_read_task_ran():
+    """site.yml: container_start reads the container itself (its info) where the start gave none or in check mode;
+    the read-only path's read (info) serves first."""
+    stopped = dict(INSPECT, State={"Running": False, "Status": "exited", "ExitCode": 1})
+    assert verify(run={"dirs": {}, "info": {"container": stopped}}, info=None)["running"] is False
+    assert verify(run={"container": stopped, "info": {"container": INSPECT}}, info=None, check_mode=True)["running"]
+    assert verify(run={"info": {"container": stopped}}, info={"container": INSPECT})["running"] is True
+
+
 def test_verify_inputs_compares_the_wanted_configuration():
     """A container that drifted from the options (another image than the node resolved, a missing mount, a
     capability the options do not add) fails container.running with each difference."""

@@ -475,7 +475,7 @@ def config_problems(inspect: dict | None, expected: dict) -> list:
 def verify_inputs(v):
     """Everything tasks/verify.yml records but the health (the container_health action's part before the probe),
     from v: the registered results engine (the probe's, with engine_view's keys), run (the start of the container),
-    info (its read), pull (container_pull's: the login's result under login, the registry's answer in check mode under
+    info (its read: tasks/reads.yml's on the read-only path, else the start's own under info), pull (container_pull's: the login's result under login, the registry's answer in check mode under
     manifest), check_mode, digest (this node's container_digest_verdicts entry); the role's
     options name, image, registry (the image's, resolved), registry_username, user, cap_add, no_new_privileges,
     ulimits, mounts (container_mounts + container_mounts_extra), container_gpus, container_gpu_mode, and what
@@ -484,7 +484,8 @@ def verify_inputs(v):
     Returns {records, inspect (the container's inspect data, None when it does not exist), running (it runs and the
     engine answers: the probe can run), skip_reason (why not)}.
     """
-    engine, run, info = v.get("engine") or {}, v.get("run") or {}, v.get("info") or {}
+    engine, run = v.get("engine") or {}, v.get("run") or {}
+    info = v.get("info") or run.get("info") or {}
     ok, check_mode = _flag(engine.get("engine_ok")), _flag(v.get("check_mode"))
     inspect = run["container"] if "container" in run and not check_mode else info.get("container")
     gpus, gpu_mode, devices = _flag(engine.get("gpus")), engine.get("gpu_mode"), list(v.get("devices") or [])
