@@ -39,7 +39,8 @@ options:
       (tasks/reads.yml), where no start ran.
     type: dict
   pull:
-    description: The pull's result in this run (C(container_pull)'s, with the login's under C(login)), if it ran.
+    description: The pull's result in this run (C(container_engine_probe)'s C(pull), with the login's under C(login)),
+      if it ran.
     type: dict
   digest:
     description: This node's image verdict (C(container_digest_verdicts)' entry).
@@ -58,7 +59,7 @@ EXAMPLES = r"""
     engine: "{{ __container_engine }}"
     run: "{{ __container_run | default(none) }}"
     info: "{{ __container_info | default(none) }}"
-    pull: "{{ __container_pull | default(none) }}"
+    pull: "{{ __container_engine.pull | default(none) }}"
     digest: "{{ _container_digests[inventory_hostname] }}"
     registry: "{{ _container_registry }}"
 """

@@ -47,7 +47,7 @@ EXAMPLES = r"""
       writable: [/srv/outputs]
       uid: 65532
       gid: 65532
-    start: "{{ __container_pull.image is defined }}"
+    start: "{{ __container_engine.pull.image is defined }}"
     container:
       name: trainyard-train
       image: registry.example.com/team/train:2024-11

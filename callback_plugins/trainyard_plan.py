@@ -33,7 +33,8 @@ _FILE = {"lineinfile", "blockinfile", "copy", "template", "file", "job_files", "
          "unarchive", "systemd_unit_file", "nvidia_gpu_facts"}  # nvidia_gpu_facts keeps CUDA_DEVICE_ORDER
 _PACKAGE = {"apt", "package", "dnf", "yum", "pip"}
 _HOLD = {"dpkg_selections"}
-_IMAGE = {"docker_image", "docker_image_pull", "container_pull"}  # container_pull: the role's login and pull
+# container_engine_probe: the role's engine probe, login and pull (changed only where it pulls)
+_IMAGE = {"docker_image", "docker_image_pull", "container_engine_probe"}
 _CONTAINER = {"docker_container", "container_start"}  # container_start: the role's directories and container
 _JOB = {"torchrun_launch"}
 _MAX_DIFF = 20000

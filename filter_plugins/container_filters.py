@@ -116,12 +116,12 @@ def digest_verdict(fleet: list, host: str, image: str, pinned: str = "") -> dict
 
 def image_identities(hostvars, hosts: list, image: str, check_mode: bool = False) -> list:
     """The identity of the image each host resolved (with its host), from the registered results of the container
-    role (the pull's image, else the read of the image: the pull's image_info, or tasks/reads.yml's on the read-only
-    path): what digest_verdicts compares, one entry per host."""
+    role (the pull's image, under the engine probe's pull, else the read of the image: the pull's image_info, or
+    tasks/reads.yml's on the read-only path): what digest_verdicts compares, one entry per host."""
     fleet = []
     for h in hosts:
         hv = hostvars[h]
-        pull = hv.get("__container_pull") or {}
+        pull = (hv.get("__container_engine") or {}).get("pull") or {}
         info = hv.get("__container_image_info") or pull.get("image_info") or {}
         seen = pull.get("image") if (pull.get("image") and not check_mode) else next(iter(info.get("images") or []), None)
         fleet.append(dict(image_identity(seen, image), host=h))

@@ -65,7 +65,35 @@ def test_the_role_refuses_an_unset_image_before_the_install(tmp_path: Path):
     failed = [(name, res) for name, res in tasks if res.get("failed")]
     assert p.returncode != 0 and len(failed) == 1, tasks
     name, res = failed[0]
-    assert name.endswith("Stop if container_image is not set, else probe the docker engine"), name
+    assert name.endswith("Stop if container_image is not set, else probe the docker engine and pull the training "
+                         "image"), name
     assert res["msg"] == MSG and res["refused"], res
     assert not any(res.get("changed") for _, res in tasks), tasks
     assert all(res.get("skipped") for name, res in tasks if "Install" in name), tasks
+
+
+# The engine answered (as install.yml's probe would give it): no engine needed on this machine for the pull's cases.
+OK = {"can_talk_to_docker": True, "host_info": {"Runtimes": {"runc": {}}}}
+# docker_image_pull refuses this argument before it talks to any engine or registry.
+REFUSED_PULL = {"name": "trainyard/absent:0", "pull": "no-such-policy"}
+
+
+def test_a_failed_pull_is_the_result_s_not_the_task_s_and_the_image_is_read_instead():
+    """The role's records say what failed (container.image_pull); the digest comparison reads the image the node has
+    (pull.image_info) where the pull gave none; without a login there is no login in the result."""
+    r = adhoc("container_engine_probe", {"answer": OK, "container_gpus": "none", "pull": REFUSED_PULL})
+    assert not r.get("failed") and r["changed"] is False and r["asked"] is False, r
+    pull = r["pull"]
+    assert "value of pull must be one of" in pull["msg"] and "image" not in pull, r
+    assert "login" not in pull and "manifest" not in pull and "invocation" not in pull, r
+    assert isinstance(pull["image_info"], dict) and "invocation" not in pull["image_info"], r
+    assert "images" in pull["image_info"] or pull["image_info"].get("failed"), r
+    r = adhoc("container_engine_probe", {"answer": OK, "container_gpus": "none", "pull": REFUSED_PULL, "read": False})
+    assert "image_info" not in r["pull"], r
+
+
+def test_no_pull_where_the_engine_does_not_answer_or_none_is_asked_for():
+    r = adhoc("container_engine_probe", {"docker_host": "unix:///nonexistent/docker.sock", "container_gpus": "none",
+                                         "pull": REFUSED_PULL})
+    assert r["engine_ok"] is False and "pull" not in r and not r["changed"], r
+    assert "pull" not in adhoc("container_engine_probe", {"answer": OK, "container_gpus": "none"})

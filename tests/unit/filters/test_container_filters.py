@@ -96,10 +96,10 @@ def test_the_odd_node_out_fails_and_is_named():
 
 def test_verdicts_for_the_whole_play_read_each_nodes_pull_or_its_image_read():
     hostvars = {
-        "n1": {"__container_pull": {"image": {"Id": ID_A, "RepoDigests": [f"172.28.0.1:5055/trainyard/train@{DG_A}"]}}},
-        "n2": {"__container_pull": {"skipped": True}, "__container_image_info": {"images": [{"Id": ID_B}]}},
-        "n3": {"__container_pull": {"image": {"Id": ID_A}}},
-        "n4": {"__container_pull": {"skipped": True}, "__container_image_info": {"images": []}},
+        "n1": {"__container_engine": {"pull": {"image": {"Id": ID_A, "RepoDigests": [f"172.28.0.1:5055/trainyard/train@{DG_A}"]}}}},
+        "n2": {"__container_engine": {"pull": {"skipped": True}}, "__container_image_info": {"images": [{"Id": ID_B}]}},
+        "n3": {"__container_engine": {"pull": {"image": {"Id": ID_A}}}},
+        "n4": {"__container_engine": {"pull": {"skipped": True}}, "__container_image_info": {"images": []}},
     }
     v = cf.digest_verdicts(cf.image_identities(hostvars, ["n1", "n2", "n3", "n4"], IMG), IMG)
     assert v["n1"]["ok"] and v["n1"]["id"] == ID_A and v["n1"]["repo_digest"] == DG_A
@@ -112,15 +112,15 @@ def test_verdicts_for_the_whole_play_read_each_nodes_pull_or_its_image_read():
 
 
 def test_the_pulls_own_read_of_the_image_serves_where_the_pull_gave_none():
-    # site.yml: container_pull reads the image itself (image_info) where its pull failed, or in check mode.
+    # site.yml: the engine probe's pull reads the image itself (image_info) where its pull failed, or in check mode.
     hostvars = {
-        "n1": {"__container_pull": {"image": {"Id": ID_A}}},
-        "n2": {"__container_pull": {"image": {"Id": ID_A}}},
-        "n3": {"__container_pull": {"msg": "pull failed", "image_info": {"images": [{"Id": ID_B}]}}},
+        "n1": {"__container_engine": {"pull": {"image": {"Id": ID_A}}}},
+        "n2": {"__container_engine": {"pull": {"image": {"Id": ID_A}}}},
+        "n3": {"__container_engine": {"pull": {"msg": "pull failed", "image_info": {"images": [{"Id": ID_B}]}}}},
     }
     v = cf.digest_verdicts(cf.image_identities(hostvars, ["n1", "n2", "n3"], IMG), IMG)
     assert v["n1"]["ok"] and not v["n3"]["ok"] and v["n3"]["id"] == ID_B
-    checked = {h: {"__container_pull": {"image": {"Id": ID_B}, "image_info": {"images": [{"Id": ID_A}]}}}
+    checked = {h: {"__container_engine": {"pull": {"image": {"Id": ID_B}, "image_info": {"images": [{"Id": ID_A}]}}}}
                for h in ("n1", "n2")}
     assert cf.digest_verdicts(cf.image_identities(checked, ["n1", "n2"], IMG, check_mode=True), IMG)["n1"]["id"] == ID_A
 

@@ -297,7 +297,7 @@ def test_verify_inputs_when_the_engine_does_not_answer():
 
 
 def test_verify_inputs_takes_the_login_and_the_registry_s_answer_from_the_pull():
-    """container_pull's result carries the login's (login) and, in check mode where the run would pull, the
+    """The engine probe's pull carries the login's (login) and, in check mode where the run would pull, the
     registry's answer (manifest): the login record, the pull record (not present yet) and container.registry_reach."""
     pull = {"changed": True, "image": {}, "login": {"login_result": {}, "changed": False},
             "manifest": {"rc": 0, "stdout": '{"Descriptor": {"digest": "sha256:ab"}}'}}

@@ -475,7 +475,7 @@ def config_problems(inspect: dict | None, expected: dict) -> list:
 def verify_inputs(v):
     """Everything tasks/verify.yml records but the health (the container_health action's part before the probe),
     from v: the registered results engine (the probe's, with engine_view's keys), run (the start of the container),
-    info (its read: tasks/reads.yml's on the read-only path, else the start's own under info), pull (container_pull's: the login's result under login, the registry's answer in check mode under
+    info (its read: tasks/reads.yml's on the read-only path, else the start's own under info), pull (the engine probe's pull: the login's result under login, the registry's answer in check mode under
     manifest), check_mode, digest (this node's container_digest_verdicts entry); the role's
     options name, image, registry (the image's, resolved), registry_username, user, cap_add, no_new_privileges,
     ulimits, mounts (container_mounts + container_mounts_extra), container_gpus, container_gpu_mode, and what
