@@ -436,5 +436,5 @@ def test_install_path_on_a_pre_imaged_node_changes_nothing(converged, tmp_path):
     assert records[node]["container.engine"]["status"] == "pass"
     assert inspect(cluster, node)["Id"] == before
     # The engine is asked once a run: engine.yml takes install.yml's answer (nothing started or restarted it).
-    probe = r.stdout.split("else probe the docker engine]", 1)[1].split("TASK [", 1)[0]
+    probe = r.stdout.split("else probe the docker engine and pull the training image]", 1)[1].split("TASK [", 1)[0]
     assert f"ok: [{node}]" in probe and '"asked": false' in probe, probe
