@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 """The module torchrun_launch as Ansible runs any module, and with confirm=true the launch's confirmation shown as
-the launch role's one line per node: the node's name before a failure, the module's msg shown without -v. With
+the launch role's one line per node: the node's name before a failure, the module's msg shown without -v; a start
+that gave the node's cluster lock back (release_lock) tells the callback cluster_lock to stop its heartbeat. With
 write_secret_env (the launch role's start), the job's secrets file is written first in the same task: the action reads
 the role's launch_secret_env itself, so that no value is in a task argument, a result or the node's log."""
 
@@ -29,7 +30,7 @@ class ActionModule(NormalAction):
         write = boolean(self._task.args.pop("write_secret_env", False), strict=False)
         path = str(self._task.args.get("secret_env_file") or "")
         wrote = None
-        if write and path and self._task.args.get("state") == "started":
+        if write and path and self._task.args.get("state", "started") == "started":
             wrote = self._write_secrets(path, task_vars)
             if wrote.get("failed"):
                 return dict(failed=True, changed=False, msg="%s: writing the job's secrets to %s failed: %s (Fix: "
@@ -37,6 +38,10 @@ class ActionModule(NormalAction):
         result = super().run(tmp, task_vars)
         if wrote is not None:
             result.update(secret_env_file_changed=wrote["changed"], changed=bool(result.get("changed") or wrote["changed"]))
+        if result.get("lock_released"):
+            # The callback cluster_lock stops this node's heartbeat now (the run's release task finds it given back).
+            lock = self._task.args.get("release_lock") or {}
+            result["cluster_lock_keeper"] = {"path": lock.get("path"), "token": lock.get("token"), "hold": False}
         if not boolean(self._task.args.get("confirm", False), strict=False):
             return result
         return confirmed(result, task_vars.get("inventory_hostname", ""))

@@ -31,7 +31,9 @@ from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, lock_keeper
 
 display = Display()
-GUARD_ACTION = "cluster_lock_guard"  # action_plugins/cluster_lock_guard.py, the one action that takes and gives back
+# action_plugins/cluster_lock_guard.py, the one action that takes and gives back the lock; torchrun_launch, whose start
+# gives a node's lock back where it is the node's last change of the run (release_lock)
+GUARD_ACTIONS = ("cluster_lock_guard", "torchrun_launch")
 _HEARTBEAT = []  # one per ansible-playbook process, however many times the callback is loaded
 
 
@@ -53,9 +55,9 @@ class CallbackModule(bases.AlwaysLoadedCallback):
         self._shown = 0
 
     def v2_runner_on_ok(self, result):
-        # Only the action cluster_lock_guard returns cluster_lock_keeper: any other task's result is never read
+        # Only the actions of GUARD_ACTIONS return cluster_lock_keeper: any other task's result is never read
         # (result.result converts the whole result to plain types, per host and task, in ansible-playbook itself).
-        if str(result.task.action).rsplit(".", 1)[-1] != GUARD_ACTION:
+        if str(result.task.action).rsplit(".", 1)[-1] not in GUARD_ACTIONS:
             return
         keep = result.result.get("cluster_lock_keeper")
         if keep is None:

@@ -112,6 +112,14 @@ options:
         their names are returned (I(secret_env)). Changing a value does not make the running job another job.
       - With I(secret_env_mode=file) the values reach the job as files instead (see there).
     type: path
+  release_lock:
+    description:
+      - "The node's cluster lock to give back once the start is confirmed (I(confirm)), C({path, token})
+        (C(cluster_lock_dir) and the run's token): the launch is the node's last change of the run, so the release
+        needs no round trip of its own. C(lock_released) says whether it was given back. A lock of another run is
+        never touched; check mode, a failed start and a failed confirmation release nothing."
+    type: dict
+    default: {}
   write_secret_env:
     description:
       - The action's, not the module's (the module never sees it); with I(state=started) and I(secret_env_file), write
@@ -310,6 +318,10 @@ cgroup_tracking:
     find every process in its cgroup; C(skip: <why>) when not (a warning too)."
   returned: on a start with runtime docker
   type: str
+lock_released:
+  description: This call gave back the node's cluster lock (I(release_lock)).
+  returned: state=started
+  type: bool
 stale_secret_env_file_removed:
   description: I(stale_secret_env_file) was there and is removed (in check mode, would be).
   returned: state=started with stale_secret_env_file and no secret_env_file
@@ -413,6 +425,7 @@ import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock
 from ansible_collections.trainyard.core.plugins.module_utils import launcher as launcher_script
 from ansible_collections.trainyard.core.plugins.module_utils import failfast as failfast_script
 from ansible_collections.trainyard.core.plugins.module_utils import jobtree as jt
@@ -1166,6 +1179,23 @@ class Launch(object):
         return "last line: %s" % d.get("last_log_line")
 
 
+def release_lock(module, result):
+    """Give back the run's cluster lock of this node (release_lock) after a start that did not fail: the node's last
+    change of the run. A lock that cannot be given back here is the run's release task's (a warning, not a failure)."""
+    lock = module.params["release_lock"] or {}
+    if not lock or module.check_mode or result.get("failed"):
+        return False
+    path, token = lock.get("path"), lock.get("token")
+    if not path or not token:
+        module.fail_json(msg="torchrun_launch: release_lock needs path and token (cluster_lock_dir and the run's lock "
+                             "token), got keys %s" % sorted(lock), **result)
+    try:
+        return cluster_lock.release(path, token)
+    except (cluster_lock.LockError, OSError) as e:
+        module.warn("cluster lock %s not given back here (%s): the run's release task does it" % (path, e))
+        return False
+
+
 def main():
     module = AnsibleModule(
         argument_spec=pg.job_args(**tr.command_options(
@@ -1198,6 +1228,7 @@ def main():
             stop_timeout=dict(type="int", default=30),
             log_lines=dict(type="int", default=30),
             confirm=dict(type="bool", default=False),
+            release_lock=dict(type="dict", default={}, no_log=False),
         )),
         supports_check_mode=True,
     )
@@ -1209,7 +1240,9 @@ def main():
         launch.stop()
     else:
         result = launch.start()
-        module.exit_json(**(launch.confirm(result) if module.params["confirm"] else result))
+        result = launch.confirm(result) if module.params["confirm"] else result
+        result["lock_released"] = release_lock(module, result)
+        module.exit_json(**result)
 
 
 if __name__ == "__main__":

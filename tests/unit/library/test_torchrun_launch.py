@@ -27,7 +27,7 @@ ENTRY = textwrap.dedent("""
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="needs the controller venv (make venv)")
 
 
-def playbook(tmp_path: Path, *extra: str, verbose: bool = True,
+def playbook(tmp_path: Path, *extra: str, verbose: bool = True, play_vars: dict | None = None,
              **module_args) -> tuple[subprocess.CompletedProcess, dict]:
     entry = tmp_path / "entry.py"
     entry.write_text(ENTRY)
@@ -37,7 +37,7 @@ def playbook(tmp_path: Path, *extra: str, verbose: bool = True,
             "env": {"OMP_NUM_THREADS": "1"}, "wait_for": "first_step", "wait_timeout": 120, "stop_timeout": 5}
     args.update(module_args)
     pb = tmp_path / "pb.yml"
-    pb.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
+    pb.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "vars": play_vars or {}, "tasks": [
         {"torchrun_launch": args, "register": "r"},
         {"ansible.builtin.copy": {"content": "{{ r | to_json }}", "dest": str(tmp_path / "result.json"),
                                   "mode": "0600"}, "check_mode": False}]}]))
@@ -84,6 +84,45 @@ def test_secret_env_file_reaches_the_job_and_no_result_log_or_state(tmp_path):
         for name in ("launch.json", "launch.pid.json", "torchrun.log"):
             assert stat.S_IMODE(where[name].stat().st_mode) == 0o640, name
         assert stat.S_IMODE(where["launch.spec.json"].stat().st_mode) == 0o600
+    finally:
+        stop(tmp_path)
+
+
+def test_the_start_writes_the_secrets_file_itself_and_no_value_reaches_any_output(tmp_path):
+    """write_secret_env (the launch role's start): the action reads launch_secret_env itself and writes the file
+    (0600) in its host-only directory (0700) before the start, so no value is in an argument or a result, even at
+    -vvv; a converged start leaves the file alone."""
+    env_file = tmp_path / "run" / "secretjob" / "secret.env"
+    secrets = {"launch_secret_env": {"HF_TOKEN": SECRET, "WANDB_API_KEY": OTHER}}
+    try:
+        p, res = playbook(tmp_path, "-vvv", play_vars=secrets, secret_env_file=str(env_file), write_secret_env=True)
+        assert p.returncode == 0, p.stdout[-3000:]
+        assert (tmp_path / "seen").read_text() == f"{SECRET}\n{OTHER}" and res["secret_env_file_changed"] is True
+        assert env_file.read_text() == f"HF_TOKEN={SECRET}\nWANDB_API_KEY={OTHER}\n"
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700
+        for value in (SECRET, OTHER):
+            assert value not in p.stdout + json.dumps(res), value
+        p, res = playbook(tmp_path, play_vars=secrets, secret_env_file=str(env_file), write_secret_env=True)
+        assert p.returncode == 0 and res["secret_env_file_changed"] is False and not res["changed"], res
+    finally:
+        stop(tmp_path)
+
+
+def test_a_confirmed_start_gives_the_nodes_cluster_lock_back_in_the_same_call(tmp_path):
+    """release_lock (site.yml: the start is the node's last change): given back only with the run's token, and the
+    result tells the callback cluster_lock to stop the node's heartbeat."""
+    from ansible_collections.trainyard.core.plugins.module_utils import cluster_lock as lk
+    lock = tmp_path / "lock"
+    assert lk.acquire(str(lock), {"token": "run-a", "pid": 1})["created"]
+    try:
+        p, res = playbook(tmp_path, confirm=True, release_lock={"path": str(lock), "token": "run-b"})
+        assert p.returncode == 0 and res["lock_released"] is False and "cluster_lock_keeper" not in res, res
+        assert lk.read(str(lock))[0]["token"] == "run-a"
+        p, res = playbook(tmp_path, confirm=True, release_lock={"path": str(lock), "token": "run-a"})
+        assert p.returncode == 0 and res["lock_released"] is True, res
+        assert res["cluster_lock_keeper"] == {"path": str(lock), "token": "run-a", "hold": False}, res
+        assert lk.read(str(lock)) == (None, None, None)
     finally:
         stop(tmp_path)
 
