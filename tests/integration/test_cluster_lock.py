@@ -120,7 +120,9 @@ def test_two_site_runs_at_once_launch_one_job_per_node(lk, tmp_path):
 
 def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
     before = {n: job_tokens(lk, n) for n in lk.nodes}
-    site = Run(lk, tmp_path, *SITE, "-e", "cluster_lock_stale_s=8")  # a heartbeat every 2 s
+    # A heartbeat every 2 s; the data path measured although the job trains, so that the converged run still holds
+    # the lock (taken at its start, given back by each node's confirmed launch) when status.yml and reset.yml come.
+    site = Run(lk, tmp_path, *SITE, "-e", "cluster_lock_stale_s=8", "-e", "nccl_check_while_running=true")
     try:
         wait_for_holder(lk, site)
         first = lock_mtime(lk, lk.head)
