@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.trainyard.core.plugins.plugin_utils.cluster_model import container_user_ids
 from ansible_collections.trainyard.core.plugins.plugin_utils.container_checks import (
     caps_spec, mounts_spec, short_digest, ulimits_spec)
@@ -128,6 +130,22 @@ def image_identities(hostvars, hosts: list, image: str, check_mode: bool = False
     return fleet
 
 
+def switched_off(hostvars, hosts: list) -> list:
+    """The hosts with the container role off (container_enabled false), as each node's own variables give it: the
+    value the cluster role's probe kept (__cluster_host.kept, every source of the node's variables), else the node's
+    inventory and extra variables (the role's default is true)."""
+    out = []
+    for h in hosts:
+        if h not in hostvars:
+            continue
+        hv = hostvars[h]
+        kept = (hv.get("__cluster_host") or {}).get("kept") or {}
+        value = kept["container_enabled"] if "container_enabled" in kept else hv.get("container_enabled", True)
+        if not boolean(value, strict=False):
+            out.append(h)
+    return out
+
+
 def digest_verdicts(fleet: list, image: str, pinned: str = "") -> dict:
     """digest_verdict for every host of fleet (image_identities of every node, of every shard in a sharded run) at
     once, each with the identity that host resolved."""
@@ -232,6 +250,7 @@ class FilterModule:
     def filters(self):
         return {
             "container_image_identities": image_identities,
+            "container_switched_off": switched_off,
             "container_digest_verdicts": digest_verdicts,
             "container_image_registry": image_registry,
             "container_mounts_spec": mounts_spec,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_bisect, bandwidth_expect, gpu_stress_checks
-from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (bisect_record, busy_nodes,
-                                                                                      inter_node_record,
-                                                                                      intra_node_record, sweep_sizes)
+from ansible_collections.trainyard.core.plugins.plugin_utils.allreduce_checks import (
+    bisect_record, busy_nodes, inter_node_record, intra_node_record, sweep_sizes)
+from ansible_collections.trainyard.core.plugins.plugin_utils import allreduce_checks
 
 PREFIX = "trainyard-allreduce: "
 
@@ -71,6 +71,15 @@ def bisect_advance(state, registered_by_host):
     return allreduce_bisect.advance(state, measured)
 
 
+def training_nodes(hosts, hostvars):
+    """The nodes of ``hosts`` where the job trains (allreduce_checks.training_nodes), from each node's registered
+    status read (__nccl_check_job) or else the cluster role's probe (__cluster_host.job): one look at each node."""
+    hosts = [h for h in hosts or [] if h in hostvars]
+    seen = [hostvars[h] for h in hosts]
+    return allreduce_checks.training_nodes(hosts, [v.get("__nccl_check_job") for v in seen],
+                                           [(v.get("__cluster_host") or {}).get("job") for v in seen])
+
+
 class FilterModule:
     def filters(self):
         return {"trainyard_allreduce_result": allreduce_result,
@@ -85,6 +94,7 @@ class FilterModule:
                 "trainyard_allreduce_bisect_record": bisect_record,
                 "trainyard_allreduce_sweep": sweep_sizes,
                 "trainyard_busy_nodes": busy_nodes,
+                "trainyard_training_nodes": training_nodes,
                 "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
                 "trainyard_gpu_stress_records": gpu_stress_checks.records_of,
                 "trainyard_gpu_stress_env": gpu_stress_checks.env_args,

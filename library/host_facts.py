@@ -51,6 +51,13 @@ options:
     type: list
     elements: str
     default: []
+  job:
+    description:
+      - C({name, state_root}) of a job this tool launched, whose state is returned in C(job), read the way the launch's
+        status reads it (C(procgroup.job_procs), the processes of the job the launch record names, sidecars left out).
+        Empty, nothing is read. The nccl_check role leaves the data-path measurement alone where the job trains.
+    type: dict
+    default: {}
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -96,6 +103,12 @@ limits:
 docker:
   description: C({cli, socket, reachable, version, api_version, error}).
   returned: always
+  type: dict
+job:
+  description: C({name, state, processes}) with I(job) - C(state) C(running) (live processes of the job),
+    C(stopped) (a launch record, no live process), C(absent) (no launch record) or C(unknown) (C(error) says why, an
+    unreadable record or a bad job name).
+  returned: with I(job)
   type: dict
 ansible_facts:
   description:
@@ -228,6 +241,22 @@ def login_shell(name: str):
         return None
 
 
+def job_state(spec: dict) -> dict:
+    """Whether the job ``spec`` ({name, state_root}) runs here: its launch record and its live processes."""
+    from ansible_collections.trainyard.core.plugins.module_utils import procgroup as pg
+    from ansible_collections.trainyard.core.plugins.module_utils import torchrun as tr
+
+    out = {"name": spec.get("name"), "state": "unknown", "processes": 0}
+    try:
+        state = tr.read_state(spec.get("state_root") or "", spec.get("name") or "")
+    except (OSError, ValueError) as exc:
+        return dict(out, error=str(exc)[:300])
+    if state is None:
+        return dict(out, state="absent")
+    procs = pg.job_procs(state)
+    return dict(out, state="running" if procs else "stopped", processes=len(procs))
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -236,6 +265,7 @@ def main() -> None:
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
             timeout=dict(type="float", default=3.0),
             users=dict(type="list", elements="str", default=[]),
+            job=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
@@ -251,6 +281,7 @@ def main() -> None:
                                         read_text("/proc/1/environ"), read_text("/proc/1/cgroup"))
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    extra = {"job": job_state(p["job"])} if p["job"] else {}
     module.exit_json(
         changed=False,
         time=now,
@@ -266,6 +297,7 @@ def main() -> None:
                                           "container": engine, "container_evidence": evidence,
                                           "nvidiactl": os.path.exists("/dev/nvidiactl"),
                                           "users": {name: login_shell(name) for name in p["users"]}}},
+        **extra,
     )
 
 

@@ -118,6 +118,27 @@ def test_two_site_runs_at_once_launch_one_job_per_node(lk, tmp_path):
         assert holder(lk, node) is None, node
 
 
+def test_a_converged_run_while_the_job_trains_measures_nothing_and_gives_the_lock_back(lk, tmp_path):
+    """The job of the test above trains: the cluster role's probe says so (host_facts job), so role nccl_check records
+    the skip on every node without a status read of its own; each node's confirmed start gave its lock back, so the
+    release play has no node left, and no lock remains."""
+    before = {n: job_tokens(lk, n) for n in lk.nodes}
+    assert all(len(t) == 1 for t in before.values()), before
+    rc, site = run_sync(lk, tmp_path, *SITE, "-e", f"cluster_run_dir={tmp_path}")
+    assert rc == 0, site.output[-3000:]
+    records = json.loads((tmp_path / "report.json").read_text())["records"]
+    inter = {x["host"]: x for x in records if x["check"] == "nccl_check.inter_node"}
+    assert sorted(inter) == sorted(lk.nodes), inter
+    assert all(x["status"] == "skip" and "is training on" in x["detail"] for x in inter.values()), inter
+    read = site.output.split("Read whether this job already runs on the node]", 1)[1].split("TASK [", 1)[0]
+    assert all(f"skipping: [{n}]" in read for n in lk.nodes), read  # the probe answered
+    release = site.output.split("PLAY [Release the cluster lock]", 1)[1].split("PLAY RECAP", 1)[0]
+    assert "skipping: no hosts matched" in release, release
+    for node in lk.nodes:
+        assert job_tokens(lk, node) == before[node], node
+        assert holder(lk, node) is None, node
+
+
 def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
     before = {n: job_tokens(lk, n) for n in lk.nodes}
     # A heartbeat every 2 s; the data path measured although the job trains, so that the converged run still holds

@@ -414,3 +414,15 @@ def test_job_user():
     assert cf.job_user("", "/tmp/h") == {"user": None, "ids": None, "env": {}}
     with pytest.raises(ValueError):
         cf.job_user("1000", "/tmp/h")
+
+
+def test_the_nodes_with_the_role_off_as_each_nodes_own_variables_give_it():
+    """The probe's kept value (every source of the node's variables) first, else the node's inventory value, else the
+    role's default (on); the strings an INI inventory gives count as booleans."""
+    hostvars = {"a": {"__cluster_host": {"kept": {"container_enabled": False}}, "container_enabled": True},
+                "b": {"__cluster_host": {"kept": {"container_enabled": True}}},
+                "c": {"container_enabled": "no"},
+                "d": {},
+                "e": {"__cluster_host": {"kept": {"container_enabled": "false"}}}}
+    assert cf.switched_off(hostvars, ["a", "b", "c", "d", "e", "absent"]) == ["a", "c", "e"]
+    assert cf.FilterModule().filters()["container_switched_off"] is cf.switched_off

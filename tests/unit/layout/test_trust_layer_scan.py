@@ -79,6 +79,7 @@ ALLOWED = {
     "secret files of /run/trainyard/<job>/secrets (read-only in the container), through an O_NOFOLLOW directory "
     "descriptor",
     ("library/torchrun_launch.py", "Launch.load_state", "open"): "reads launch.json in " + HOST_ONLY_STATE,
+    (MU + "torchrun.py", "read_state", "open"): "reads launch.json in " + HOST_ONLY_STATE + " (host_facts job)",
     ("library/torchrun_launch.py", "Launch.other_jobs", "open"): "reads launch.json of other jobs, " + HOST_ONLY_STATE,
     ("library/torchrun_launch.py", "Launch.file_envs", "open"):
         "reads the env files the nccl_env role wrote into job-ro (mounted read-only: the job cannot write it)",

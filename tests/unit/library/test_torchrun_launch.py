@@ -339,3 +339,31 @@ def test_a_start_without_secrets_removes_the_stale_secrets_file(tmp_path):
         assert "stale_secret_env_file_removed" not in res and stale.exists(), res
     finally:
         stop(tmp_path)
+
+
+def test_the_host_probe_reads_whether_the_job_runs_as_the_launchs_status_does(tmp_path):
+    """host_facts job (the cluster role's probe, which role nccl_check reads instead of a status read of its own):
+    running while the job's processes live, stopped after the stop, absent without a launch record, unknown with the
+    reason for a torn one; the same answer as torchrun_launch state=status."""
+    from helpers import adhoc
+    spec = {"name": "secretjob", "state_root": str(tmp_path / "state")}
+    hold = tmp_path / "hold.py"
+    hold.write_text("import time\nprint('trainyard: first step done', flush=True)\ntime.sleep(120)\n")
+    assert adhoc("host_facts", {"job": spec})["job"] == {"name": "secretjob", "state": "absent", "processes": 0}
+    try:
+        p, res = playbook(tmp_path, entrypoint=str(hold), args=[])
+        assert p.returncode == 0 and res["state"] == "running", p.stdout[-3000:]
+        job = adhoc("host_facts", {"job": spec})["job"]
+        assert job["state"] == "running" and job["processes"] == len(res["processes"]) > 0, (job, res)
+        record = (tmp_path / "state" / "secretjob" / "launch.json").read_text()
+    finally:
+        stop(tmp_path)
+    assert adhoc("host_facts", {"job": spec})["job"]["state"] == "absent"  # the stop removed the record
+    (tmp_path / "state" / "secretjob" / "launch.json").write_text(record)  # a record whose processes are gone
+    assert adhoc("host_facts", {"job": spec})["job"] == {"name": "secretjob", "state": "stopped", "processes": 0}
+    (tmp_path / "state" / "secretjob" / "launch.json").write_text("{torn")
+    job = adhoc("host_facts", {"job": spec})["job"]
+    assert job["state"] == "unknown" and job["error"], job
+    bad = adhoc("host_facts", {"job": {"name": "../x", "state_root": str(tmp_path)}})["job"]
+    assert bad["state"] == "unknown" and "job name" in bad["error"], bad
+    assert "job" not in adhoc("host_facts", {"paths": []})

@@ -178,3 +178,18 @@ def test_a_node_record_of_the_busy_skip_is_the_same_size_at_any_cluster_size():
         hosts = [f"gpu-node{i}" for i in range(n)]
         sizes.append(len(ac.busy_nodes(hosts, hosts)))
     assert max(sizes) - min(sizes) <= 6  # the digits of the count and of the "more" figure
+
+
+def test_the_nodes_where_the_job_trains_come_from_each_nodes_read_or_else_the_probe():
+    """A node's own status read (it ran: the container changed since the probe, or no probe) wins over the cluster
+    role's probe; a skipped read (no state) leaves the probe's answer; neither: not training."""
+    hosts = ["n1", "n2", "n3", "n4", "n5"]
+    reads = [{"skipped": True}, {"state": "failed"}, {}, None, {"state": "running"}]
+    probes = [{"state": "running"}, {"state": "running"}, {"state": "stopped"}, {"state": "running"}, {}]
+    assert ac.training_nodes(hosts, reads, probes) == ["n1", "n4", "n5"]
+    assert ac.training_nodes(hosts, [{}] * 5, [{}] * 5) == []
+    hostvars = {"n1": {"__cluster_host": {"job": {"state": "running"}}},
+                "n2": {"__cluster_host": {"job": {"state": "running"}}, "__nccl_check_job": {"state": "absent"}},
+                "n3": {"__nccl_check_job": {"state": "running"}}}
+    assert flt.FilterModule().filters()["trainyard_training_nodes"](["n1", "n2", "n3", "gone"], hostvars) == \
+        ["n1", "n3"]

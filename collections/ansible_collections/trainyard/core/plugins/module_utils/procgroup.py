@@ -325,6 +325,13 @@ def find_job(states, proc=PROC, exclude=(), sidecars=True):
     return [chosen[p] for p in sorted(chosen)]
 
 
+def job_procs(state, proc=PROC):
+    """The job's own processes without its sidecars (the janitor, the fail-fast watcher): what makes a job
+    "running" for the launch's status and the host probe's busy read. find_job's rule, sidecars left out."""
+    skip = set(sc.get("pid") for sc in state.get("sidecars", []))
+    return [st for st in find_job([state], proc=proc, sidecars=False) if st.pid not in skip]
+
+
 def job_ranks(state, stats, environ_of=None, limit=None):
     """The ranks of the job ``state`` records, from /proc only: the direct children of the torchrun agent the
     launch recorded (``torchrun_pid``, verified by its start time ``torchrun_start_ticks`` when recorded, and as

@@ -340,6 +340,16 @@ def make_state(job, runtime, container, pid, pgid, start_ticks, started_at, comm
 _REQUIRED = {"job": str, "pid": int, "pgid": int, "start_ticks": int, "command": list, "log": str}
 
 
+def read_state(state_root, job):
+    """The launch record of ``job`` under ``state_root`` (host-only control state, never mounted into the container):
+    None where there is none; raises ValueError (a torn or foreign file, a bad job name) or OSError."""
+    path = os.path.join(job_dir(state_root, job), STATE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return parse_state(f.read())
+
+
 def parse_state(text):
     """launch.json text → dict; raises ValueError naming what is wrong (a torn or foreign file)."""
     data = json.loads(text)

@@ -28,6 +28,19 @@ _INTRA_FIX_SLOW = ("Intra-node bandwidth is below what the hardware should do or
                    "(docs/bandwidth.md)")
 
 
+def training_nodes(hosts, reads, probes):
+    """The nodes of ``hosts`` where the job trains: each node's own read (``reads``: the registered result of the
+    role's torchrun_launch status read, skipped where the node did not read) or else the cluster role's probe at the
+    start of the run (``probes``: host_facts' ``job``, {name, state, processes}), in the order of ``hosts``."""
+    out = []
+    for host, read, probe in zip(hosts or [], reads or [], probes or []):
+        read = read if isinstance(read, dict) else {}
+        state = read.get("state") if "state" in read else (probe if isinstance(probe, dict) else {}).get("state")
+        if state == "running":
+            out.append(host)
+    return out
+
+
 def busy_nodes(busy_hosts, play_hosts=None, limit=MAX_HOSTS_NAMED):
     """Where the job trains, for a record's detail: at most ``limit`` nodes named, the rest counted
     (cluster_model.hosts_named), so that every node's record stays the same size at any cluster size (each node's
