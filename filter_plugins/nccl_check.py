@@ -71,13 +71,26 @@ def bisect_advance(state, registered_by_host):
     return allreduce_bisect.advance(state, measured)
 
 
-def training_nodes(hosts, hostvars):
-    """The nodes of ``hosts`` where the job trains (allreduce_checks.training_nodes), from each node's registered
-    status read (__nccl_check_job) or else the cluster role's probe (__cluster_host.job): one look at each node."""
-    hosts = [h for h in hosts or [] if h in hostvars]
-    seen = [hostvars[h] for h in hosts]
-    return allreduce_checks.training_nodes(hosts, [v.get("__nccl_check_job") for v in seen],
-                                           [(v.get("__cluster_host") or {}).get("job") for v in seen])
+def _views(hosts, hostvars):
+    """What the run knows of whether the job trains on each node (allreduce_checks.job_states): one look at each."""
+    out = {}
+    for h in hosts or []:
+        if h in hostvars:
+            v = hostvars[h]
+            out[h] = {"read": v.get("__nccl_check_job"), "probe": v.get("__cluster_host"),
+                      "changed": bool((v.get("__container_run") or {}).get("changed"))}
+    return out
+
+
+def unread_nodes(hosts, hostvars):
+    """The nodes of ``hosts`` where this run cannot tell yet whether the job trains (they must be read)."""
+    states = allreduce_checks.job_states(_views(hosts, hostvars))
+    return [h for h in hosts or [] if h in states and states[h] is None]
+
+
+def training_nodes(hosts, hostvars, late=()):
+    """The nodes of ``hosts`` where the job trains (allreduce_checks.training_nodes)."""
+    return allreduce_checks.training_nodes(hosts, allreduce_checks.job_states(_views(hosts, hostvars)), late)
 
 
 class FilterModule:
@@ -95,6 +108,7 @@ class FilterModule:
                 "trainyard_allreduce_sweep": sweep_sizes,
                 "trainyard_busy_nodes": busy_nodes,
                 "trainyard_training_nodes": training_nodes,
+                "trainyard_unread_nodes": unread_nodes,
                 "trainyard_gpu_stress_skip": gpu_stress_checks.skip_reason,
                 "trainyard_gpu_stress_records": gpu_stress_checks.records_of,
                 "trainyard_gpu_stress_env": gpu_stress_checks.env_args,

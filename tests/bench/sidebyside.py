@@ -2,7 +2,7 @@
 under this machine's drift).
 
     git worktree add /tmp/base <commit>; ln -s $PWD/.venv /tmp/base/.venv; ln -s $PWD/.cache /tmp/base/.cache
-    .venv/bin/python tests/bench/sidebyside.py --base /tmp/base [--sizes 2,4,8] [--rounds 2]
+    .venv/bin/python tests/bench/sidebyside.py --base /tmp/base [--sizes 2,4,8] [--rounds 2] [--out FILE]
 
 The user-path bench (tests/bench/userpath.py) measures one tree; on this 2-core VM the same tree moves by up to 23 %
 between hours, more than a round of changes moves it. Here both trees run on one cluster per size, alternating: a
@@ -11,7 +11,8 @@ a trend in the machine's load falls on both alike). Each run is a converged site
 plugins and ansible.cfg; the cluster's inventory is this tree's), measured as scale.measured_run measures it
 (controller CPU from the run's own cgroup). Per size the medians of each tree and the median of the paired
 differences; per tree the least-squares fit over the sizes (CPU-s per added node, per run).
-Raw: docs/benchmarks/userpath-sidebyside.json. Figures are never asserted: this is measurement, not a test.
+Raw: --out, by default docs/benchmarks/userpath-sidebyside-<base commit>-<this commit>.json. Figures are never
+asserted: this is measurement, not a test.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import scale  # noqa: E402
 from userpath import KINDS  # noqa: E402
 
 REPO = HERE.parents[1]
-RAW = REPO / "docs/benchmarks/userpath-sidebyside.json"
 KEYS = ("controller_cpu_s", "controller_main_cpu_s", "wall_s", "others_cpu_s")
 
 
@@ -63,11 +63,13 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
-def bench(base: Path, sizes: list[int], rounds: int) -> dict:
+def bench(base: Path, sizes: list[int], rounds: int, raw: Path | None) -> dict:
     from helpers import SIM
     trees = {"base": base.resolve(), "this": REPO}
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds, "order": "ABBA",
                "commits": {k: commit_of(t) for k, t in trees.items()}, "sizes": []}
+    c = results["commits"]
+    raw = raw or REPO / f"docs/benchmarks/userpath-sidebyside-{c['base']}-{c['this']}.json"
     kind, args = KINDS["user"]
     group = scale.CpuGroup(f"trainyard-sidebyside-{time.monotonic_ns()}")
     try:
@@ -90,7 +92,7 @@ def bench(base: Path, sizes: list[int], rounds: int) -> dict:
                                           "all": [round(p, 2) for p in pairs]}})
             finally:
                 subprocess.run([*SIM, "down", "--name", name], cwd=REPO, check=False)
-            RAW.write_text(json.dumps(results, indent=1) + "\n")  # a run cut short keeps what it measured
+            raw.write_text(json.dumps(results, indent=1) + "\n")  # a run cut short keeps what it measured
     finally:
         group.close()
     for which in ("base", "this"):
@@ -99,7 +101,7 @@ def bench(base: Path, sizes: list[int], rounds: int) -> dict:
         if len(ns) >= 2:
             a, b = scale.fit_line(ns, ys)
             results[f"fit_{which}"] = {"per_added_node": round(b, 3), "per_run": round(a, 2), "fitted_on": ns}
-    RAW.write_text(json.dumps(results, indent=1) + "\n")
+    raw.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
@@ -124,18 +126,20 @@ def table(results: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, type=Path, help="a checkout of the commit compared against")
+    ap.add_argument("--base", type=Path, help="a checkout of the commit compared against")
     ap.add_argument("--sizes", default="2,4,8")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--from-raw", action="store_true", help="print the table of the raw file without measuring")
+    ap.add_argument("--out", type=Path,
+                    help="the raw file (default docs/benchmarks/userpath-sidebyside-<base>-<this>.json)")
+    ap.add_argument("--from-raw", type=Path, help="print the table of this raw file without measuring")
     a = ap.parse_args()
     if a.from_raw:
-        print(table(json.loads(RAW.read_text())))
+        print(table(json.loads(a.from_raw.read_text())))
         return 0
-    if not (a.base / "site.yml").is_file():
+    if a.base is None or not (a.base / "site.yml").is_file():
         print(f"--base {a.base}: no site.yml there (a checkout of the commit to compare against)", file=sys.stderr)
         return 2
-    print(table(bench(a.base, [int(s) for s in a.sizes.split(",")], a.rounds)))
+    print(table(bench(a.base, [int(s) for s in a.sizes.split(",")], a.rounds, a.out)))
     return 0
 
 

@@ -180,16 +180,32 @@ def test_a_node_record_of_the_busy_skip_is_the_same_size_at_any_cluster_size():
     assert max(sizes) - min(sizes) <= 6  # the digits of the count and of the "more" figure
 
 
-def test_the_nodes_where_the_job_trains_come_from_each_nodes_read_or_else_the_probe():
-    """A node's own status read (it ran: the container changed since the probe, or no probe) wins over the cluster
-    role's probe; a skipped read (no state) leaves the probe's answer; neither: not training."""
-    hosts = ["n1", "n2", "n3", "n4", "n5"]
-    reads = [{"skipped": True}, {"state": "failed"}, {}, None, {"state": "running"}]
-    probes = [{"state": "running"}, {"state": "running"}, {"state": "stopped"}, {"state": "running"}, {}]
-    assert ac.training_nodes(hosts, reads, probes) == ["n1", "n4", "n5"]
-    assert ac.training_nodes(hosts, [{}] * 5, [{}] * 5) == []
-    hostvars = {"n1": {"__cluster_host": {"job": {"state": "running"}}},
-                "n2": {"__cluster_host": {"job": {"state": "running"}}, "__nccl_check_job": {"state": "absent"}},
-                "n3": {"__nccl_check_job": {"state": "running"}}}
-    assert flt.FilterModule().filters()["trainyard_training_nodes"](["n1", "n2", "n3", "gone"], hostvars) == \
-        ["n1", "n3"]
+def test_whether_the_job_trains_comes_from_the_nodes_read_else_the_probe_unless_the_container_changed_since():
+    """A node's own status read wins; else the cluster role's probe where it was asked (no job key: the role wants no
+    answer) and the container was not changed after it; a node the run cannot tell about (no probe, a failed probe, an
+    unreadable record, a changed container) is None: it must be read, and its later read decides."""
+    probe = {"time": 1.0, "job": {"state": "running"}}
+    views = {"probed": {"probe": probe},
+             "changed": {"probe": probe, "changed": True},
+             "reread": {"read": {"state": "stopped"}, "probe": probe, "changed": True},
+             "no-probe": {},
+             "not-asked": {"probe": {"time": 1.0}},
+             "probe-failed": {"probe": {"msg": "the node's Python cannot run it"}},
+             "not-wanted": {"read": {"skipped": True, "changed": False}},
+             "unreadable": {"probe": {"time": 1.0, "job": {"state": "unknown", "error": "torn"}}},
+             "stopped": {"probe": {"time": 1.0, "job": {"state": "stopped"}}}}
+    states = ac.job_states(views)
+    assert states == {"probed": "running", "changed": None, "reread": "stopped", "no-probe": None, "not-asked": "",
+                      "probe-failed": None, "not-wanted": "", "unreadable": None, "stopped": "stopped"}
+    late = [{"item": "changed", "state": "running"}, {"item": "no-probe", "state": "absent"}]
+    assert ac.training_nodes(list(views), states, late) == ["probed", "changed"]
+    assert ac.training_nodes(list(views), states) == ["probed"]
+    hostvars = {"n1": {"__cluster_host": probe},
+                "n2": {"__cluster_host": probe, "__container_run": {"changed": True}},
+                "n3": {"__cluster_host": probe, "__container_run": {"changed": True},
+                       "__nccl_check_job": {"state": "absent"}},
+                "n4": {}}
+    f = flt.FilterModule().filters()
+    assert f["trainyard_unread_nodes"](["n1", "n2", "n3", "n4", "gone"], hostvars) == ["n2", "n4"]
+    assert f["trainyard_training_nodes"](["n1", "n2", "n3", "n4", "gone"], hostvars,
+                                         [{"item": "n2", "state": "running"}]) == ["n1", "n2"]

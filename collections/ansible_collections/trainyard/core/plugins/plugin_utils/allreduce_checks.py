@@ -28,17 +28,40 @@ _INTRA_FIX_SLOW = ("Intra-node bandwidth is below what the hardware should do or
                    "(docs/bandwidth.md)")
 
 
-def training_nodes(hosts, reads, probes):
-    """The nodes of ``hosts`` where the job trains: each node's own read (``reads``: the registered result of the
-    role's torchrun_launch status read, skipped where the node did not read) or else the cluster role's probe at the
-    start of the run (``probes``: host_facts' ``job``, {name, state, processes}), in the order of ``hosts``."""
-    out = []
-    for host, read, probe in zip(hosts or [], reads or [], probes or []):
-        read = read if isinstance(read, dict) else {}
-        state = read.get("state") if "state" in read else (probe if isinstance(probe, dict) else {}).get("state")
-        if state == "running":
-            out.append(host)
+def job_states(views):
+    """Whether the job trains on each node, from what this run knows of it. ``views``: {host: {read, probe, changed}}
+    - read: the registered result of the role's torchrun_launch status read (tasks/busy_read.yml; absent where the
+      node did not read, skipped where the role wants no answer);
+    - probe: the registered result of the cluster role's probe at the start of the run (host_facts; its ``job``,
+      {name, state, processes}, is there where the probe was asked, i.e. where the role wants the answer);
+    - changed: whether the container role changed the node's training container after that probe (a restart ends a
+      job that ran in it, so the probe's answer is stale).
+    Returns {host: state}: the read's state, else the probe's (running, stopped, absent), None where the run cannot
+    tell (no probe, an unreadable record, a container changed since: the node must be read), "" where the probe was
+    not asked (nccl_check off, or nccl_check_while_running: nothing to read)."""
+    out = {}
+    for host, v in views.items():
+        read = v.get("read") if isinstance(v.get("read"), dict) else {}
+        probe = v.get("probe") if isinstance(v.get("probe"), dict) else None
+        if "state" in read:
+            out[host] = read["state"]
+        elif read.get("skipped"):  # the read's own conditions: nccl_check off or nccl_check_while_running
+            out[host] = ""
+        elif probe is None or "time" not in probe:  # no probe in this run, or one that failed
+            out[host] = None
+        elif "job" not in probe:
+            out[host] = ""
+        else:
+            state = (probe["job"] or {}).get("state") if isinstance(probe["job"], dict) else None
+            out[host] = None if state in (None, "unknown") or v.get("changed") else state
     return out
+
+
+def training_nodes(hosts, states, late=()):
+    """The nodes of ``hosts`` where the job trains: ``states`` (job_states), and for the nodes it could not tell the
+    reads made later, node by node (``late``: the loop results of busy.yml's read, each with its ``item``, the node)."""
+    late_state = {r.get("item"): r.get("state") for r in late or [] if isinstance(r, dict)}
+    return [h for h in hosts or [] if (states.get(h) if states.get(h) is not None else late_state.get(h)) == "running"]
 
 
 def busy_nodes(busy_hosts, play_hosts=None, limit=MAX_HOSTS_NAMED):
