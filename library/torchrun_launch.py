@@ -520,16 +520,13 @@ class Launch(object):
         self.result = {"changed": False, "log": self.log, "job": self.job}
 
     # ------------------------------------------------------------------ helpers
-    def load_state(self, path=None):
-        path = path or self.state_path
-        if not os.path.exists(path):
-            return None
+    def load_state(self):
+        """This job's launch record (tr.read_state, the reader the host probe uses too), None where there is none."""
         try:
-            with open(path) as f:
-                return tr.parse_state(f.read())
+            return tr.read_state(self.root, self.job)
         except (IOError, OSError, ValueError) as e:
             self.m.fail_json(msg="%s is unreadable (%s). Remove it after checking no job of %s runs "
-                                 "(ansible-playbook reset.yml)." % (path, e, self.job), **self.result)
+                                 "(ansible-playbook reset.yml)." % (self.state_path, e, self.job), **self.result)
 
     def job_procs(self, state):
         """The job's processes without its sidecars (procgroup.job_procs: find_job's rule, as job_reset's)."""

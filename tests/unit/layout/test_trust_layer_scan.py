@@ -78,7 +78,6 @@ ALLOWED = {
     ("library/job_reset.py", "unlink_in", "os.open"): "removes the launch records in " + HOST_ONLY_STATE + " and the "
     "secret files of /run/trainyard/<job>/secrets (read-only in the container), through an O_NOFOLLOW directory "
     "descriptor",
-    ("library/torchrun_launch.py", "Launch.load_state", "open"): "reads launch.json in " + HOST_ONLY_STATE,
     (MU + "torchrun.py", "read_state", "open"): "reads launch.json in " + HOST_ONLY_STATE + " (host_facts job)",
     ("library/torchrun_launch.py", "Launch.other_jobs", "open"): "reads launch.json of other jobs, " + HOST_ONLY_STATE,
     ("library/torchrun_launch.py", "Launch.file_envs", "open"):
