@@ -57,6 +57,13 @@ hosts_by_rank:
   description: Inventory names of the trainers, rank 0 first.
   returned: success
   type: list
+install_nodes:
+  description:
+    - "The trainers that install something in this run, rank order aside (C(nvidia_driver_install), or the container
+      role on with C(container_engine_install) and an image named; a node whose value resolves only later is in):
+      site.yml's install play runs on them only (C(plugin_utils/cluster_model.py) C(install_nodes))."
+  returned: success
+  type: list
 problems:
   description: Every "Stop if ..." line (also in msg when the task fails).
   returned: always
@@ -197,6 +204,7 @@ class ActionModule(bases.ControllerAction):
 
         user_vars: dict[str, dict] = {}
         lenient: dict[str, set] = {}
+        unread: dict[str, set] = {}
         for host in groups.get(cm.TRAINERS) or []:
             hv = hostvars[host]
             facts = _fact_names(hv)
@@ -208,6 +216,7 @@ class ActionModule(bases.ControllerAction):
                 try:
                     value = hv[name]
                 except Exception:  # noqa: BLE001 - a template that refers to role defaults resolves later
+                    unread.setdefault(host, set()).add(name)
                     continue
                 picked[name] = value
                 if _untyped(name, value, host, cli, ini):
@@ -238,6 +247,9 @@ class ActionModule(bases.ControllerAction):
         # hosts_by_rank once, not in each of the n models: n x n names would cost every result, fact and copy
         # O(nodes^2) (at 1,024 nodes, seconds per task); the validate play puts it back in each node's cluster_model.
         result["hosts_by_rank"] = models[hosts[0]]["hosts_by_rank"]
+        # The nodes that install the driver or the engine in this run (site.yml's install play runs on them only).
+        result["install_nodes"] = cm.install_nodes(
+            hosts, plain, {k: self.var(task_vars, k) for k in cm.INSTALL_OPTIONS}, unread)
         result["models"] = {h: {k: v for k, v in m.items() if k != "hosts_by_rank"} for h, m in models.items()}
         result["msg"] = (f"{len(hosts)} trainers, {models[hosts[0]]['nproc_per_node']} processes each, "
                          f"world size {models[hosts[0]]['world_size']}, head {models[hosts[0]]['head']} "

@@ -1,53 +1,52 @@
 # -*- coding: utf-8 -*-
-"""Record the nvidia_driver role's checks of one node from its nvidia_gpu_facts result and what every node's checks
-compare (taken once per play by the same action), controller side, no round trip; keep this node's GPU facts as the
-fact nvidia_gpu_facts."""
+"""Record the nvidia_driver role's checks of every node from its nvidia_gpu_facts result and what every node's checks
+compare, once for every node (run_once), controller side, no round trip; give each node its GPU facts as the host
+variable nvidia_gpu_facts."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: nvidia_driver_check
-short_description: Record the driver, GPU and GPU health checks of a node and keep its GPU facts
+short_description: Record the driver, GPU and GPU health checks of every node and keep each node's GPU facts
 description:
-  - Runs on the controller only, after the nvidia_gpu_facts task of the role ran on every node of the play.
-  - "With I(peers_of) (once, C(run_once: true)) it records nothing: it returns I(peers), what the checks across nodes
-    compare (each node's driver version and the UUIDs of the GPUs it uses that another node lists too), built once
-    over every node's GPU facts, O(n) in all (C(plugin_utils/gpu_checks.py) C(peers_of))."
-  - "Without it, records every C(nvidia_driver.*) check of this node as preflight_check does from I(result) (this
-    node's registered nvidia_gpu_facts result) and I(peers) (the driver drift, no GPU UUID on two nodes):
-    C(module_utils/nvidia_smi.py) and C(module_utils/gpu_health.py) decide them, C(plugin_utils/gpu_checks.py) hands
-    them their inputs."
-  - Reads the role's options from the variables of the node, not from arguments (C(nvidia_driver_version),
-    C(nvidia_driver_branch), C(nvidia_driver_visible_devices), C(nvidia_driver_allow_shared_gpus),
-    C(nvidia_driver_environment_file), C(nvidia_driver_health_checks), C(nvidia_driver_xid_since),
-    C(cluster_gpus_per_node), C(cluster_nproc_per_node), C(cluster_model)).
-  - Sets the fact C(nvidia_gpu_facts) (None when nvidia-smi failed) for the roles after it, and C(nvidia_gpu_identity)
-    (the machine's GPU UUIDs and serials and machine id, plugin_utils/bad_machines.py; None when unknown) for the
-    record of bad machines.
-  - In check mode C(nvidia_driver.device_order) is C(pending) when I(result) says the task would write the device
-    order (the record's fix names that task).
+  - "Runs on the controller only, once for every node (C(run_once: true)), after the nvidia_gpu_facts task of the
+    role ran on every node of the play. No round trip."
+  - "First what the checks across nodes compare (each node's driver version and the UUIDs of the GPUs it uses that
+    another node lists too), built once over I(peers_of), O(n) in all (C(plugin_utils/gpu_checks.py) C(peers_of));
+    then every C(nvidia_driver.*) check of each node of I(nodes), as preflight_check does, from its result in
+    I(results) and the peers: C(module_utils/nvidia_smi.py) and C(module_utils/gpu_health.py) decide them,
+    C(plugin_utils/gpu_checks.py) hands them their inputs. Each record names its node."
+  - "Each node's options come from its result's C(kept) (the nvidia_gpu_facts task's I(keep), as that node's own
+    variables give them): C(version), C(branch), C(visible), C(shared_gpus_ok), C(device_order_file), C(health),
+    C(since), C(gpus_per_node), C(nproc_per_node), C(node_rank) and C(model_nproc) (its cluster model's). A result
+    without them (a node that did not run the task) is read with this task's variables."
+  - "A node's result may carry C(burnin_record) (the burn-in tier's record, nvidia_gpu_facts I(burnin)): it is
+    recorded with that node's checks."
+  - Gives every node of I(nodes) the host variables C(nvidia_gpu_facts) (None when nvidia-smi failed) for the roles
+    after it, and C(nvidia_gpu_identity) (the machine's GPU UUIDs and serials and machine id,
+    plugin_utils/bad_machines.py; None when unknown) for the record of bad machines, each its own. Needs the
+    project's callback preflight_records (its ansible.cfg loads it), which keeps records and values of other nodes.
+  - In check mode C(nvidia_driver.device_order) is C(pending) where a node's result says the task would write the
+    device order (the record's fix names that task).
 options:
   peers_of:
     description:
-      - "Every node of the play: C(hosts) (their names), C(facts) (each one's nvidia_gpu_facts, C({}) or None when
-        nvidia-smi failed) and C(visible) (each one's C(nvidia_driver_visible_devices)), three lists in one order.
-        Given, the action returns I(peers) and records nothing."
+      - "Every node of the play (every shard's in a sharded run): C(hosts) (their names), C(facts) (each one's
+        nvidia_gpu_facts, C({}) or None when nvidia-smi failed) and C(visible) (each one's
+        C(nvidia_driver_visible_devices)), three lists in one order."
     type: dict
-  result:
-    description: This node's registered nvidia_gpu_facts result (the value, not its name).
-    type: dict
-  peers:
-    description: The I(peers) the I(peers_of) call returned.
-    type: dict
-  records:
-    description:
-      - More records of the role's node to record in the same task, after its checks (each a dict as preflight_check's
-        I(records) takes them), e.g. the C(nvidia_driver.burnin) record C(gpu_burnin) returns. One task records them
-        all.
+    required: true
+  nodes:
+    description: The nodes to record (the play's, C(ansible_play_hosts)).
+    type: list
+    elements: str
+    required: true
+  results:
+    description: Each node's registered nvidia_gpu_facts result (the values, not their names), in the order of I(nodes).
     type: list
     elements: dict
-    default: []
+    required: true
 extends_documentation_fragment: [trainyard.core.attributes.controller]
 """
 
@@ -57,10 +56,11 @@ EXAMPLES = r"""
     environment_file: /etc/environment
     set_device_order: true
     health: true
+    keep: {version: "{{ nvidia_driver_version }}", visible: "{{ nvidia_driver_visible_devices }}"}
   register: __nvidia_driver_gpu
   failed_when: false
 
-- name: Take what the GPU checks compare across nodes (once, over every node's GPU facts)
+- name: Record the driver, GPU and GPU health checks of every node
   nvidia_driver_check:
     peers_of:
       hosts: "{{ ansible_play_hosts }}"
@@ -68,39 +68,25 @@ EXAMPLES = r"""
                  | map(attribute='nvidia_gpu_facts', default={}) | list }}"
       visible: "{{ ansible_play_hosts | map('extract', hostvars)
                    | map(attribute='nvidia_driver_visible_devices', default='') | list }}"
+    nodes: "{{ ansible_play_hosts }}"
+    results: "{{ ansible_play_hosts | map('extract', hostvars, '__nvidia_driver_gpu') | list }}"
   run_once: true
-  register: __nvidia_driver_peers
-
-- name: Run the burn-in tier's GPU diagnostics
-  gpu_burnin:
-    tier: quick
-  register: __nvidia_driver_burnin
-
-- name: Record the driver, GPU, GPU health and burn-in checks
-  nvidia_driver_check:
-    result: "{{ __nvidia_driver_gpu }}"
-    peers: "{{ __nvidia_driver_peers.peers }}"
-    records: ["{{ __nvidia_driver_burnin.record }}"]
 """
 
 RETURN = r"""
 peers:
-  description: With I(peers_of), {host':' None (no GPU facts) or {driver, uuids}} over every node of the play.
-  returned: with peers_of
+  description: "{host: None (no GPU facts) or {driver, uuids}} over every node of I(peers_of)."
+  returned: success
   type: dict
 preflight_records:
-  description: Every record appended (as preflight_check returns them).
-  returned: without peers_of
+  description: Every record appended (as preflight_check returns them), each naming its node.
+  returned: success
   type: list
-ansible_facts:
-  description: C(preflight_results) with the records, C(nvidia_gpu_facts) and C(nvidia_gpu_identity) of this node.
-  returned: without peers_of
-  type: dict
 """
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.trainyard.core.plugins.plugin_utils import bases, gpu_checks
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, check_records, gpu_checks
 
 
 def _int(value):
@@ -127,46 +113,65 @@ def peers_of(arg):
     return gpu_checks.peers_of([str(h) for h in arg["hosts"]], arg["facts"], [str(v or "") for v in arg["visible"]])
 
 
+# A node's options, as its result's kept gives them (its own variables), by this task's variable when not kept.
+_KEPT = {"version": "nvidia_driver_version", "branch": "nvidia_driver_branch", "visible": "nvidia_driver_visible_devices",
+         "shared_gpus_ok": "nvidia_driver_allow_shared_gpus", "device_order_file": "nvidia_driver_environment_file",
+         "health": "nvidia_driver_health_checks", "since": "nvidia_driver_xid_since",
+         "gpus_per_node": "cluster_gpus_per_node", "nproc_per_node": "cluster_nproc_per_node"}
+
+
+def node_options(kept, own):
+    """(opts, health) of one node for gpu_checks.driver_records: kept (its result's kept, {} when none) over own (a
+    function of a variable's name: this task's value)."""
+    kept = kept if isinstance(kept, dict) else {}
+    v = {k: kept[k] if k in kept else own(name) for k, name in _KEPT.items()}
+    node_rank = kept["node_rank"] if "node_rank" in kept else (own("cluster_model") or {}).get("node_rank")
+    model_nproc = kept["model_nproc"] if "model_nproc" in kept else (own("cluster_model") or {}).get("nproc_per_node")
+    gpus_per_node = v["gpus_per_node"]
+    opts = {
+        "version": v["version"] or "",
+        "branch": str(v["branch"] or ""),
+        "gpus_per_node": gpus_per_node,
+        "nproc_per_node": v["nproc_per_node"] if model_nproc is None else model_nproc,
+        "gpu_ranks": _int(1 if gpus_per_node is None else gpus_per_node) > 0,
+        "visible_devices": v["visible"] or "",
+        "shared_gpus_ok": boolean(v["shared_gpus_ok"] if v["shared_gpus_ok"] is not None else False, strict=False),
+        "device_order_file": v["device_order_file"],
+    }
+    health = None
+    if boolean(v["health"] if v["health"] is not None else True, strict=False):
+        health = {"node_rank": node_rank, "nproc_per_node": model_nproc, "visible": v["visible"] or "",
+                  "since": v["since"] if v["since"] is not None else 0}
+    return opts, health
+
+
 class ActionModule(bases.ControllerAction):
     def decide(self, args, task_vars):
-        if "peers_of" in args:
-            return {"peers": peers_of(args["peers_of"])}
-        result, peers = args.get("result"), args.get("peers")
-        if not isinstance(result, dict) or not isinstance(peers, dict):
+        peers = peers_of(args.get("peers_of"))
+        nodes, results = args.get("nodes"), args.get("results")
+        if not isinstance(nodes, list) or not isinstance(results, list) or len(nodes) != len(results) \
+                or not all(isinstance(r, dict) for r in results):
             raise AnsibleActionFail(
-                "nvidia_driver_check: give 'result' (the registered nvidia_gpu_facts result, as a value: "
-                "\"{{ __nvidia_driver_gpu }}\", not its name) and 'peers' (the 'peers' of the run_once call with "
-                "peers_of); got result %s, peers %s" % (type(result).__name__, type(peers).__name__))
-        more = args.get("records", [])
-        if not isinstance(more, list) or not all(isinstance(r, dict) for r in more):
-            raise AnsibleActionFail(
-                "nvidia_driver_check: 'records' must be a list of records (dicts, as values: "
-                "[\"{{ __nvidia_driver_burnin.record }}\"]), not a name or a %s" % type(more).__name__)
-        host = task_vars.get("inventory_hostname")
-        model = task_vars.get("cluster_model") or {}
-        gpus_per_node = self.var(task_vars, "cluster_gpus_per_node")
-        visible = self.var(task_vars, "nvidia_driver_visible_devices", "")
-        opts = {
-            "version": self.var(task_vars, "nvidia_driver_version", ""),
-            "branch": str(self.var(task_vars, "nvidia_driver_branch", "")),
-            "gpus_per_node": gpus_per_node,
-            "nproc_per_node": model.get("nproc_per_node", self.var(task_vars, "cluster_nproc_per_node")),
-            "gpu_ranks": _int(1 if gpus_per_node is None else gpus_per_node) > 0,
-            "visible_devices": visible,
-            "shared_gpus_ok": boolean(self.var(task_vars, "nvidia_driver_allow_shared_gpus", False), strict=False),
-            "device_order_file": self.var(task_vars, "nvidia_driver_environment_file"),
-        }
-
-        health = None
-        if boolean(self.var(task_vars, "nvidia_driver_health_checks", True), strict=False):
-            health = {"node_rank": model.get("node_rank"), "nproc_per_node": model.get("nproc_per_node"),
-                      "visible": visible, "since": self.var(task_vars, "nvidia_driver_xid_since", 0)}
-        records = gpu_checks.driver_records(host, result, peers, opts, health)
-        # Check mode: the device order the nvidia_gpu_facts task would write is pending on it, not a failure.
-        for rec in records:
-            if rec["check"] == "nvidia_driver.device_order":
-                rec["pending_on"] = {gpu_checks.DEVICE_ORDER_TASK: result}
-        out = self.record(task_vars, *records, *more)
-        out["ansible_facts"]["nvidia_gpu_facts"] = gpu_checks.facts_of(result)
-        out["ansible_facts"]["nvidia_gpu_identity"] = gpu_checks.identity_of(result)
+                "nvidia_driver_check: give 'nodes' (the play's hosts) and 'results' (each one's registered "
+                "nvidia_gpu_facts result, as values: \"{{ ansible_play_hosts | map('extract', hostvars, "
+                "'__nvidia_driver_gpu') | list }}\"), two lists of one length; got %s and %s"
+                % (type(nodes).__name__, type(results).__name__))
+        records, by_host = [], {}
+        for host, result in zip((str(n) for n in nodes), results):
+            opts, health = node_options(result.get("kept"), lambda name: self.var(task_vars, name))
+            mine = gpu_checks.driver_records(host, result, peers, opts, health)
+            # Check mode: the device order the nvidia_gpu_facts task would write is pending on it, not a failure.
+            for rec in mine:
+                rec.setdefault("host", host)
+                if rec["check"] == "nvidia_driver.device_order":
+                    rec["pending_on"] = {gpu_checks.DEVICE_ORDER_TASK: result}
+            burnin = result.get("burnin_record")
+            if isinstance(burnin, dict):
+                mine.append(dict(burnin, host=burnin.get("host") or host))
+            records += mine
+            by_host[host] = {"nvidia_gpu_facts": gpu_checks.facts_of(result),
+                             "nvidia_gpu_identity": gpu_checks.identity_of(result)}
+        out = self.record(task_vars, *records)
+        out["peers"] = peers
+        out[check_records.PUBLISH_KEY] = {"by_host": by_host}
         return out

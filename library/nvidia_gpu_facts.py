@@ -85,6 +85,12 @@ options:
     description: Seconds dcgmi may run before it is stopped (0 waits forever).
     type: int
     default: 3600
+  keep:
+    description:
+      - Values of this node to keep in the result as C(kept), unchanged (the action keeps them; they are not sent to
+        the node). The nvidia_driver role keeps the options each node's records use, as the node's own variables give
+        them, for the task that records every node's at once.
+    type: dict
 extends_documentation_fragment: [trainyard.core.attributes]
 author: trainyard
 """
@@ -100,6 +106,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+kept:
+  description: I(keep), as given.
+  returned: when keep is given
+  type: dict
 health:
   description: With I(health), C({node, kernel, gpus, smi_error}) as module_utils/gpu_health.py health_records reads it
     (kernel C({source, skipped, events, text, truncated}); per GPU its ECC, row-remap and clocks event state).

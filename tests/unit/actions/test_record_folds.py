@@ -10,6 +10,7 @@ import sys
 import pytest
 from ansible.errors import AnsibleActionFail
 
+from ansible_collections.trainyard.core.plugins.module_utils import nvidia_smi
 from helpers import REPO, load
 
 PC = load("action_plugins/preflight_check.py", "preflight_check_folds_test")
@@ -23,36 +24,72 @@ PLAYBOOK = """
       preflight_check:
         records: [{check: janitor.dry_run, ok: true, detail: found}]
         publish: {janitor_sidecar: {name: janitor, argv: [python3, janitor.py, --loop]}}
-    - name: Record the GPU checks with the burn-in's record
+    - name: Record the GPU checks of every node with each one's burn-in record, once
       nvidia_driver_check:
-        result: {failed: true, msg: nvidia-smi not found}
-        peers: {}
-        records: [{check: nvidia_driver.burnin, status: skip, detail: quick tier, fix: ""}]
+        peers_of: {hosts: "{{ ansible_play_hosts }}", facts: "{{ ansible_play_hosts | map('extract', _facts) | list }}",
+                   visible: "{{ ansible_play_hosts | map('extract', _visible) | list }}"}
+        nodes: "{{ ansible_play_hosts }}"
+        results: "{{ ansible_play_hosts | map('extract', _results) | list }}"
+      run_once: true
+      vars:
+        _facts: {n1: null, n2: "{{ _h200 }}"}
+        _visible: {n1: "", n2: ""}
+        _results:
+          n1: {failed: true, msg: nvidia-smi not found, kept: {health: false},
+               burnin_record: {check: nvidia_driver.burnin, status: skip, detail: quick tier, fix: ""}}
+          n2: {nvidia_gpu_facts: "{{ _h200 }}", machine_id: m2,
+               kept: {health: false, gpus_per_node: 4, nproc_per_node: 4, version: "570.2"}}
     - name: Show
       ansible.builtin.debug:
-        msg: "RESULT {{ {'records': preflight_results, 'sidecar': janitor_sidecar | default(none)} | to_json }}"
+        msg: >-
+          RESULT {{ {'host': inventory_hostname, 'records': preflight_results, 'sidecar': janitor_sidecar | default(none),
+                     'gpu': nvidia_gpu_facts, 'identity': nvidia_gpu_identity} | to_json }}
 """
 
 
 def _play(tmp_path):
     pb = tmp_path / "pb.yml"
     pb.write_text(PLAYBOOK)
+    # A real H200 x4 node's nvidia-smi -q -x (tests/data), parsed as the module parses it.
+    facts = nvidia_smi.parse_query_xml((REPO / "tests/data/nvidia-smi/h200x4/nvidia-smi-q.xml").read_text())
+    (tmp_path / "h200.json").write_text(json.dumps({"_h200": facts}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "n1,", "-c", "local",
-                          "-e", f"ansible_python_interpreter={sys.executable}", str(pb)],
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "n1,n2,", "-c", "local",
+                          "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'h200.json'}", str(pb)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
-    line = next(ln for ln in out.splitlines() if "RESULT " in ln)
-    return json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
+    hosts = {}
+    for ln in out.splitlines():
+        if "RESULT " in ln:
+            got = json.loads(json.loads("{" + ln.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
+            hosts[got.pop("host")] = got
+    assert hosts, out[-3000:]
+    return hosts
 
 
 def test_one_record_task_publishes_the_fact_and_the_burnin_record(tmp_path):
-    got = _play(tmp_path)
+    got = _play(tmp_path)["n1"]
     assert got["sidecar"] == {"name": "janitor", "argv": ["python3", "janitor.py", "--loop"]}
     checks = [r["check"] for r in got["records"]]
     assert checks[0] == "janitor.dry_run" and checks[-1] == "nvidia_driver.burnin"
     assert any(c.startswith("nvidia_driver.") and c != "nvidia_driver.burnin" for c in checks)
     burnin = [r for r in got["records"] if r["check"] == "nvidia_driver.burnin"]
     assert len(burnin) == 1 and burnin[0]["status"] == "skip" and burnin[0]["host"] == "n1"
+
+
+def test_the_gpu_record_task_runs_once_and_gives_each_node_its_own_records_and_facts(tmp_path):
+    got = _play(tmp_path)
+    assert set(got) == {"n1", "n2"}
+    assert got["n1"]["gpu"] is None and got["n2"]["gpu"]["driver_version"].startswith("5")
+    assert got["n2"]["identity"] is not None and got["n2"]["identity"] != got["n1"]["identity"]
+    for host in ("n1", "n2"):
+        assert {r["host"] for r in got[host]["records"]} == {host}
+    status = {r["check"]: r for r in got["n2"]["records"]}
+    # n2's own kept options (version 570.2 pinned there) decide its records, not the node that ran the task.
+    assert status["nvidia_driver.version"]["status"] == "fail" and "570.2" in status["nvidia_driver.version"]["detail"]
+    assert len(status["nvidia_driver.gpu_map"]["data"]["gpu_map"]) == 4
+    assert status["nvidia_driver.smi"]["status"] == "pass"
+    assert {r["check"]: r["status"] for r in got["n1"]["records"]}["nvidia_driver.smi"] == "fail"
+    assert not any(r["check"] == "nvidia_driver.burnin" for r in got["n2"]["records"])
 
 
 @pytest.mark.parametrize("publish", ["janitor_sidecar", {"preflight_results": []}, {"": 1}])
@@ -62,11 +99,16 @@ def test_publish_refuses_a_name_or_the_records_fact_in_one_line(publish):
     assert "'publish' must map fact names to values" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_nvidia_driver_check_refuses_records_given_by_name():
+@pytest.mark.parametrize("args", [
+    {"nodes": ["n1"], "results": "__nvidia_driver_gpu"},
+    {"nodes": ["n1", "n2"], "results": [{}]},
+    {"results": [{}]},
+])
+def test_nvidia_driver_check_refuses_results_given_by_name_or_of_another_length(args):
+    peers = {"peers_of": {"hosts": ["n1"], "facts": [None], "visible": [""]}}
     with pytest.raises(AnsibleActionFail) as err:
-        object.__new__(NDC.ActionModule).decide({"result": {}, "peers": {}, "records": "__nvidia_driver_burnin"},
-                                                {"inventory_hostname": "n1"})
-    assert "'records' must be a list of records" in str(err.value) and "\n" not in str(err.value)
+        object.__new__(NDC.ActionModule).decide(dict(peers, **args), {"inventory_hostname": "n1"})
+    assert "give 'nodes'" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_gpu_facts_call_runs_the_burnin_tier_and_returns_its_record_also_when_nvidia_smi_fails():

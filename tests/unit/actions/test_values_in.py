@@ -16,21 +16,24 @@ def decide(mod, args):
     return object.__new__(mod.ActionModule).decide(args, {"inventory_hostname": "n1"})
 
 
-@pytest.mark.parametrize("args", [{"result": "__nvidia_driver_gpu", "peers": {}},
-                                  {"result": {"changed": False}, "peers": "__nvidia_driver_peers"},
-                                  {"result": "__nvidia_driver_gpu", "result_task": "nvidia_driver : Configure"}])
+PEERS_OF = {"hosts": ["n1"], "facts": [None], "visible": [""]}
+
+
+@pytest.mark.parametrize("args", [{"peers_of": PEERS_OF, "nodes": ["n1"], "results": "__nvidia_driver_gpu"},
+                                  {"peers_of": PEERS_OF, "nodes": "ansible_play_hosts", "results": [{}]},
+                                  {"peers_of": PEERS_OF, "nodes": ["n1"], "results": ["__nvidia_driver_gpu"]}])
 def test_nvidia_driver_check_refuses_a_name_where_the_value_goes(args):
     with pytest.raises(AnsibleActionFail) as err:
         decide(NDC, args)
-    assert "as a value" in str(err.value) and "\n" not in str(err.value)
+    assert "as values" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_nvidia_driver_check_peers_of_takes_every_nodes_facts_once():
     a, b = facts_of(), facts_of()
     b["gpus"] = [dict(g, uuid=g["uuid"][:-1] + "x") for g in b["gpus"]]
-    out = decide(NDC, {"peers_of": {"hosts": ["n1", "n2", "n3"], "facts": [a, b, None], "visible": ["", "", ""]}})
-    assert out == {"peers": {"n1": {"driver": a["driver_version"], "uuids": []},
-                             "n2": {"driver": b["driver_version"], "uuids": []}, "n3": None}}
+    assert NDC.peers_of({"hosts": ["n1", "n2", "n3"], "facts": [a, b, None], "visible": ["", "", ""]}) == {
+        "n1": {"driver": a["driver_version"], "uuids": []}, "n2": {"driver": b["driver_version"], "uuids": []},
+        "n3": None}
 
 
 @pytest.mark.parametrize("arg, why", [

@@ -94,3 +94,35 @@ def test_a_problem_names_at_most_eight_hosts_and_counts_the_rest():
     assert p.line(hosts) == "Stop if x is wrong on n0, n1, n2, n3, n4, n5, n6, n7 and 2 more. Fix: set x"
     every = cm.Problem("x is wrong", "set x", hosts=hosts).line(hosts)
     assert every == "Stop if x is wrong on all 20 trainers. Fix: set x"
+
+
+# --------------------------------------------------------------------------- the nodes site.yml's install play runs on
+INSTALL_DEFAULTS = {"nvidia_driver_install": True, "container_enabled": True, "container_engine_install": True,
+                    "container_image": "registry.example/train:1"}
+NOTHING_TO_INSTALL = {"nvidia_driver_install": False, "container_engine_install": False}
+
+
+def test_install_nodes_takes_each_nodes_own_value_else_the_default():
+    hosts = ["n1", "n2", "n3"]
+    own = {"n1": dict(NOTHING_TO_INSTALL), "n2": {"nvidia_driver_install": False}, "n3": {}}
+    assert cm.install_nodes(hosts, own, INSTALL_DEFAULTS) == ["n2", "n3"]
+    assert cm.install_nodes(hosts, {h: dict(NOTHING_TO_INSTALL) for h in hosts}, INSTALL_DEFAULTS) == []
+
+
+@pytest.mark.parametrize("own, installs", [
+    ({"nvidia_driver_install": "true", "container_engine_install": False}, True),   # a string from -e or an ini file
+    ({"nvidia_driver_install": "False", "container_engine_install": "no"}, False),
+    ({"nvidia_driver_install": False, "container_engine_install": True, "container_enabled": False}, False),
+    ({"nvidia_driver_install": False, "container_engine_install": True, "container_image": "  "}, False),
+    ({"nvidia_driver_install": False, "container_engine_install": True}, True),
+    ({"nvidia_driver_install": "{{ lookup('env', 'INSTALL') }}", "container_engine_install": False}, True),
+])
+def test_install_nodes_reads_each_option_as_the_role_does(own, installs):
+    assert cm.install_nodes(["n1"], {"n1": own}, INSTALL_DEFAULTS) == (["n1"] if installs else [])
+
+
+def test_install_nodes_counts_in_a_node_whose_value_the_controller_could_not_read():
+    own = {"n1": dict(NOTHING_TO_INSTALL), "n2": dict(NOTHING_TO_INSTALL)}
+    assert cm.install_nodes(["n1", "n2"], own, INSTALL_DEFAULTS, unread={"n2": {"container_engine_install"}}) == ["n2"]
+    # A name the install does not read leaves the node out.
+    assert cm.install_nodes(["n1", "n2"], own, INSTALL_DEFAULTS, unread={"n2": {"network_mtu"}}) == []

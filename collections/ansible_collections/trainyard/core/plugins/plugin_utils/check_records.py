@@ -34,7 +34,9 @@ HIDDEN = "_preflight_records_no_log"
 # the callback, as PUBLISH_KEY, which the callback sets as host variables (as set_fact sets them); without it (an
 # ansible.cfg without the project's callback_plugins, where Ansible's default injects facts) as ansible_facts. Either
 # way every reader reads the top-level name.
-PUBLISH_KEY = "trainyard_vars"  # {"hosts": [names], "vars": {name: value}} in a task's result
+# {"hosts": [names], "vars": {name: value}} in a task's result; a task run once for every node that gives each its own
+# values says {"by_host": {name: {var: value}}} (callback only: without it a run-once task's facts reach every node).
+PUBLISH_KEY = "trainyard_vars"
 # A no_log task's published values, as a fact ({"nonce": str, "vars": {...}}): the callbacks see its result censored.
 # The nonce tells the callback a value it has already set from a value it has not.
 HIDDEN_VARS = "_trainyard_vars_no_log"
@@ -158,4 +160,8 @@ def published(result) -> dict:
         if isinstance(pub, Mapping) and isinstance(pub.get("vars"), Mapping):
             for host in pub.get("hosts") or []:
                 out.setdefault(str(host), {}).update(pub["vars"])
+        if isinstance(pub, Mapping) and isinstance(pub.get("by_host"), Mapping):
+            for host, named in pub["by_host"].items():
+                if isinstance(named, Mapping):
+                    out.setdefault(str(host), {}).update(named)
     return out

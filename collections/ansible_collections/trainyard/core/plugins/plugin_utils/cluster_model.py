@@ -445,6 +445,38 @@ def compute_models(hosts: list[str], hostvars: Mapping[str, Mapping], defaults: 
     }
 
 
+# The options that decide whether a node installs anything in a run (site.yml's install play: only the nodes that do).
+INSTALL_OPTIONS = ("nvidia_driver_install", "container_enabled", "container_engine_install", "container_image")
+
+
+def _truthy(value: Any) -> bool:
+    """A boolean option as Ansible's bool filter reads it (a string "false" is false)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return bool(value)
+
+
+def install_nodes(hosts: list[str], hostvars: Mapping[str, Mapping], defaults: Mapping,
+                  unread: Mapping[str, Iterable] | None = None) -> list[str]:
+    """The trainers that install something in this run, in hosts' order: nvidia_driver_install, or the container role
+    on with container_engine_install and an image named (with no image the role's engine probe refuses before it
+    installs). hostvars: each host's own values (what the inventory and the extra vars set); defaults: the options'
+    values where a host sets none; unread: {host: names} the host sets but the controller could not read yet (a
+    template that resolves later, on the node). A value still a template, or unread, counts the node in: the role's own
+    condition decides there."""
+    picked = []
+    for host in hosts:
+        own = hostvars.get(host) or {}
+        value = {k: own.get(k, defaults.get(k)) for k in INSTALL_OPTIONS}
+        if any(_templated(v) for v in value.values()) or set(INSTALL_OPTIONS) & set((unread or {}).get(host, ())):
+            picked.append(host)
+        elif _truthy(value["nvidia_driver_install"]) or (
+                _truthy(value["container_enabled"]) and _truthy(value["container_engine_install"])
+                and str(value["container_image"] or "").strip()):
+            picked.append(host)
+    return picked
+
+
 def _is_int_like(v: Any) -> bool:
     return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v.strip().isdigit())
 
