@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers import REPO, BIN, SimCluster, ansible_env, sim_down, sim_up, wait_until
+from helpers import REPO, BIN, SimCluster, ansible_env, parse_recap, sim_down, sim_up, wait_until
 
 LOCK = "/var/lib/trainyard-lock/cluster.lock"
 SHORT_WAIT = ["-e", "cluster_lock_wait_s=5"]
@@ -138,9 +138,43 @@ def test_a_converged_run_while_the_job_trains_measures_nothing_and_gives_the_loc
     assert "skipping:" in late and "ok:" not in late, late
     release = site.output.split("PLAY [Release the cluster lock]", 1)[1].split("PLAY RECAP", 1)[0]
     assert "skipping: no hosts matched" in release, release
+    # The nodes come with the driver and the engine (the simulated cluster's inventory): no node installs anything,
+    # so the install play selects none and no install task runs, not even a skipped one.
+    assert play_of(site.output, INSTALL_PLAY) == "skipping: no hosts matched", play_of(site.output, INSTALL_PLAY)
+    assert "Install the NVIDIA driver]" not in site.output and "Install the docker engine]" not in site.output
     for node in lk.nodes:
         assert job_tokens(lk, node) == before[node], node
         assert holder(lk, node) is None, node
+
+
+def play_of(output, name):
+    """The output of play `name` of a run, up to the next play."""
+    return output.split(f"PLAY [{name}]", 1)[1].split("PLAY [", 1)[0].strip()
+
+
+INSTALL_PLAY = "Install the driver and the engine where the inventory asks for them"
+
+
+def test_the_install_play_runs_on_the_nodes_that_install_only(lk, tmp_path):
+    """One node whose own variables ask for the engine's install (host_vars) is the one node of site.yml's install
+    play; its engine came with the node, so the install changes nothing, and the job the tests above started trains
+    on."""
+    node = lk.nodes[-1]
+    inventory = lk.inventory if lk.inventory.is_dir() else lk.inventory.parent
+    host_vars = inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{node}.yml").write_text("container_engine_install: true\n")
+    try:
+        rc, site = run_sync(lk, tmp_path, *SITE, "-e", f"cluster_run_dir={tmp_path}")
+    finally:
+        (host_vars / f"{node}.yml").unlink()
+    assert rc == 0, site.output[-3000:]
+    install = play_of(site.output, INSTALL_PLAY)
+    hosts = set(re.findall(r"^(?:ok|changed|skipping|failed): \[([^\]\s]+)", install, re.M))
+    hosts |= {h for line in re.findall(r"^included: \S+ for (.+)$", install, re.M) for h in line.split(", ")}
+    assert hosts == {node}, install[:3000]
+    assert "Install the docker engine and the Python libraries of the docker modules]" in install, install[:3000]
+    assert parse_recap(site.output)[node]["changed"] == 0, site.output[-2500:]
 
 
 def test_status_runs_and_reset_stops_while_site_holds_the_lock(lk, tmp_path):
