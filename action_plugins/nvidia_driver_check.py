@@ -171,7 +171,10 @@ class ActionModule(bases.ControllerAction):
             records += mine
             by_host[host] = {"nvidia_gpu_facts": gpu_checks.facts_of(result),
                              "nvidia_gpu_identity": gpu_checks.identity_of(result)}
-        out = self.record(task_vars, *records)
+        out = self.record(task_vars, *records)  # records for other nodes need the callback: it says so otherwise
         out["peers"] = peers
-        out[check_records.PUBLISH_KEY] = {"by_host": by_host}
+        if check_records.callback_keeps_records():
+            out[check_records.PUBLISH_KEY] = {"by_host": by_host}
+        else:  # one node, its own: its values as facts, as a run without the callback reads them
+            out.setdefault("ansible_facts", {}).update(by_host.get(task_vars.get("inventory_hostname"), {}))
         return out

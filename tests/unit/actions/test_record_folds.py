@@ -118,3 +118,54 @@ def test_the_gpu_facts_call_runs_the_burnin_tier_and_returns_its_record_also_whe
     assert r["burnin_record"]["check"] == "nvidia_driver.burnin" and r["burnin_record"]["status"] == "skip"
     ok = adhoc("nvidia_gpu_facts", {"nvidia_smi": "/nonexistent/nvidia-smi", "nvlink": False})
     assert "burnin_record" not in ok
+
+
+NO_CALLBACK_CFG = """[defaults]
+library = {repo}/library
+action_plugins = {repo}/action_plugins
+filter_plugins = {repo}/filter_plugins
+collections_path = {repo}/collections:~/.ansible/collections
+"""
+
+ONE_NODE = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Record the GPU checks of one node, once, without the records callback
+      nvidia_driver_check:
+        peers_of: {hosts: [n1], facts: ["{{ _h200 }}"], visible: [""]}
+        nodes: [n1]
+        results: [{nvidia_gpu_facts: "{{ _h200 }}", kept: {health: false, gpus_per_node: 4, nproc_per_node: 4}}]
+      run_once: true
+    - name: Show
+      ansible.builtin.debug:
+        msg: "RESULT {{ {'host': inventory_hostname, 'gpus': ansible_facts.nvidia_gpu_facts.gpus | length,
+                         'records': ansible_facts.preflight_results | map(attribute='host') | unique} | to_json }}"
+"""
+
+
+@pytest.mark.parametrize("hosts, ok", [("n1,", True), ("n1,n2,", False)])
+def test_without_the_records_callback_one_node_gets_its_facts_and_more_nodes_a_message(tmp_path, hosts, ok):
+    """An ansible.cfg without the project's callback_plugins: one node's own records and GPU facts are facts, as such a
+    run reads them; records for other nodes stop the task with the fix."""
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text(NO_CALLBACK_CFG.format(repo=REPO))
+    play = ONE_NODE if ok else ONE_NODE.replace("nodes: [n1]", "nodes: [n1, n2]").replace(
+        "results: [{", "results: [{}, {").replace("hosts: [n1], facts: [", "hosts: [n1, n2], facts: [null, ").replace(
+        'visible: [""]', 'visible: ["", ""]')
+    (tmp_path / "pb.yml").write_text(play)
+    facts = nvidia_smi.parse_query_xml((REPO / "tests/data/nvidia-smi/h200x4/nvidia-smi-q.xml").read_text())
+    (tmp_path / "h200.json").write_text(json.dumps({"_h200": facts}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=str(cfg), ANSIBLE_NOCOLOR="1")
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", hosts, "-c", "local",
+                        "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'h200.json'}",
+                        str(tmp_path / "pb.yml")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    if ok:
+        line = next(ln for ln in r.stdout.splitlines() if "RESULT " in ln)
+        got = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("RESULT "):])
+        assert got == {"host": "n1", "gpus": 4, "records": ["n1"]}, r.stdout[-2000:]
+    else:
+        assert r.returncode != 0
+        assert "kept by the callback preflight_records, which this run does not load" in r.stdout, r.stdout[-2000:]
+
