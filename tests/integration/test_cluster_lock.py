@@ -149,7 +149,7 @@ def test_a_converged_run_while_the_job_trains_measures_nothing_and_gives_the_loc
 
 def play_of(output, name):
     """The output of play `name` of a run, up to the next play."""
-    return output.split(f"PLAY [{name}]", 1)[1].split("PLAY [", 1)[0].strip()
+    return output.split(f"PLAY [{name}]", 1)[1].split("\n", 1)[1].split("PLAY [", 1)[0].strip()
 
 
 INSTALL_PLAY = "Install the driver and the engine where the inventory asks for them"
