@@ -9,19 +9,16 @@ from __future__ import annotations
 import time
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.trainyard.core.plugins.plugin_utils import check_records
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases, check_records
 
 
-class ActionModule(ActionBase):
+class ActionModule(bases.KeepingModule, ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        kept = args.pop("keep", None) or {}
         before = time.time()
-        result.update(self._execute_module(module_name="host_facts", module_args=args, task_vars=task_vars))
-        result["kept"] = kept
+        result.update(self.run_keeping("host_facts", task_vars, default={}))
         after = time.time()
         if isinstance(result.get("time"), float):
             result["clock"] = {"offset": result["time"] - (before + after) / 2, "uncertainty": (after - before) / 2}

@@ -5,16 +5,13 @@ result carries it as C(kept) (the role's record task, run once for every node, r
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.trainyard.core.plugins.plugin_utils import bases
 
 
-class ActionModule(ActionBase):
+class ActionModule(bases.KeepingModule, ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        kept = args.pop("keep", None)
-        result.update(self._execute_module(module_name="nvidia_gpu_facts", module_args=args, task_vars=task_vars))
-        if kept is not None:
-            result["kept"] = kept
+        result.update(self.run_keeping("nvidia_gpu_facts", task_vars))
         return result

@@ -29,6 +29,24 @@ class ReadingModules:
         return answer
 
 
+class KeepingModule:
+    """For the action of a module whose task may give I(keep): values of the node that stay on the controller (they are
+    not sent to the node) and come back in the result as C(kept), for a later task that runs once for every node and
+    reads each node's own options there (mixed in before ActionBase)."""
+
+    def run_keeping(self, module_name, task_vars, default=None):
+        """The module's result on the task's arguments less keep, with kept (keep, or default when the task gives
+        none and default is not None)."""
+        args = dict(self._task.args)
+        kept = args.pop("keep", None)
+        result = self._execute_module(module_name=module_name, module_args=args, task_vars=task_vars)
+        if kept is None:
+            kept = default
+        if kept is not None:
+            result["kept"] = kept
+        return result
+
+
 class ControllerAction(ReadingModules, ActionBase):
     """Subclasses write decide(args, task_vars): the result's keys (failed and msg when it fails), or
     AnsibleActionFail for bad arguments."""
