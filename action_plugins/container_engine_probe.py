@@ -31,6 +31,11 @@ description:
   - A failed login or pull is the result's (C(pull.login.msg), C(pull.msg)), never the task's; the role's records say
     what failed. The password is the role's option C(container_registry_password), read from the node's variables by
     the action itself, so that it is in no task argument and no result.
+  - "With I(gpu_paths), where the container gets GPUs in gpu mode C(devices) (the engine has no NVIDIA runtime, or
+    C(container_gpu_mode: devices)): the module container_gpu_paths reads the node's NVIDIA device nodes, the
+    driver's libraries in the ld cache and nvidia-smi in one call, and the result's C(gpu_paths) says what the
+    container gets (C(plugin_utils/container_checks.py) C(gpu_paths): the libraries that carry the running driver's
+    version, the fact C(nvidia_gpu_facts)'s C(driver_version))."
   - The probe and the reads run in check mode too; the login and the pull honour it.
 options:
   refuse:
@@ -72,6 +77,10 @@ options:
     description: Read the image the node has where the pull gave none or in check mode (C(pull.image_info)).
     type: bool
     default: true
+  gpu_paths:
+    description: C({lib_dir, nvidia_smi_paths}), the role's C(container_gpu_driver_lib_dir) and
+      C(container_gpu_nvidia_smi_paths); left out, gpu mode C(devices) reads nothing here.
+    type: dict
 extends_documentation_fragment: [trainyard.core.attributes]
 """
 
@@ -123,6 +132,11 @@ gpu_mode:
   description: C(runtime) or C(devices) (I(container_gpu_mode) C(auto) resolved by the engine's runtimes).
   returned: when not refused
   type: str
+gpu_paths:
+  description: What gpu mode C(devices) gives the container, C({devices, driver_libs, nvidia_smi, driver_version,
+    driver_lib_dir}) (C(driver_libs) as C(container_checks.driver_lib_mounts) returns it).
+  returned: with I(gpu_paths), where the container gets GPUs in gpu mode devices
+  type: dict
 pull:
   description: The pull's answer (C(image), the pulled image's inspect data, or C(msg) where it failed), with C(login),
     C(manifest) (check mode) and C(image_info) as described above.
@@ -134,7 +148,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible_collections.trainyard.core.plugins.plugin_utils import bases, container_checks
 
-_VIEW_ARGS = ("answer", "container_gpus", "container_gpu_mode", "nvidiactl")
+_VIEW_ARGS = ("answer", "container_gpus", "container_gpu_mode", "nvidiactl", "gpu_paths")
 _PULL_ARGS = ("pull", "login", "reach", "read")
 _ANSWER = ("rc", "stdout", "stderr", "msg")
 
@@ -163,6 +177,8 @@ class ActionModule(bases.ReadingModules, ActionBase):
         result.update(answer, asked=asked, changed=False)
         result.update(container_checks.engine_view(answer, view["container_gpus"] or "auto",
                                                    view["container_gpu_mode"] or "auto", view["nvidiactl"]))
+        if view["gpu_paths"] is not None and result["gpus"] and result["gpu_mode"] == "devices":
+            result["gpu_paths"] = self._gpu_paths(view["gpu_paths"], task_vars)
         if steps["pull"] and result["engine_ok"]:
             result["pull"] = self._pull(steps, task_vars)
             result["changed"] = bool(result["pull"].get("changed") or (result["pull"].get("login") or {}).get("changed"))
@@ -173,6 +189,17 @@ class ActionModule(bases.ReadingModules, ActionBase):
         answer = self.run_reading_module("ansible.legacy.stat", {"path": "/dev/nvidiactl", "get_checksum": False},
                                          task_vars)
         return bool((answer.get("stat") or {}).get("exists"))
+
+    def _gpu_paths(self, arg, task_vars):
+        """gpu mode devices: the node's device nodes, driver libraries and nvidia-smi, read in one call, against the
+        running driver's version."""
+        arg = bases.need_dict(arg, "container_engine_probe: 'gpu_paths'", " ({lib_dir, nvidia_smi_paths})")
+        smi_paths = arg.get("nvidia_smi_paths")
+        read = self.run_reading_module("container_gpu_paths", {} if smi_paths is None else
+                                       {"nvidia_smi_paths": smi_paths}, task_vars)
+        facts = task_vars.get("nvidia_gpu_facts") or {}
+        return container_checks.gpu_paths(read, facts.get("driver_version", ""),
+                                          str(arg.get("lib_dir") or container_checks.DRIVER_LIB_DIR))
 
     def _pull(self, steps, task_vars):
         """The login (where given), the pull, in check mode the registry's answer, and the read of the image where the

@@ -19,9 +19,8 @@ description:
     C(container_no_new_privileges), C(container_ulimits), C(container_mounts), C(container_mounts_extra),
     C(container_gpus), C(container_gpu_mode), C(container_gpu_driver_bin_dir), C(container_python),
     C(container_logger_module), C(container_shm_size), C(container_health_timeout), C(container_health_inputs),
-    C(container_health_cache_imports), C(cluster_code_dir), C(cluster_output_root), C(cluster_shared_root), what
-    tasks/gpu_devices.yml set (C(_container_gpu_devices), C(_container_driver_libs), C(_container_driver_version),
-    C(_container_driver_lib_dir)) and the fact C(nvidia_gpu_facts)."
+    C(container_health_cache_imports), C(cluster_code_dir), C(cluster_output_root), C(cluster_shared_root) and the fact
+    C(nvidia_gpu_facts); gpu mode devices' paths come with I(engine) (its C(gpu_paths))."
   - "The probe only reads: it runs in check mode too, as a task with C(check_mode: false) would. Where the engine does
     not answer or the container is not running, every health record is C(skip) with the reason."
   - The probe's failure (no Python in the image, an exec error) is the records', never the task's.
@@ -94,6 +93,7 @@ class ActionModule(bases.ControllerAction):
             "health_inputs", "health_cache_imports")}
         mounts = list(self.var(task_vars, "container_mounts", []) or []) + list(
             self.var(task_vars, "container_mounts_extra", []) or [])
+        paths = engine.get("gpu_paths") or {}  # gpu mode devices: what the engine probe read (absent elsewhere)
         verified = container_checks.verify_inputs({
             "engine": engine, "run": args.get("run"), "info": args.get("info"), "pull": args.get("pull"),
             "digest": args.get("digest") or {}, "registry": args.get("registry") or "",
@@ -102,10 +102,8 @@ class ActionModule(bases.ControllerAction):
             "registry_username": opt["registry_username"], "user": opt["user"], "cap_add": opt["cap_add"],
             "no_new_privileges": opt["no_new_privileges"], "ulimits": opt["ulimits"], "mounts": mounts,
             "container_gpus": opt["gpus"], "container_gpu_mode": opt["gpu_mode"],
-            "devices": self.var(task_vars, "_container_gpu_devices"),
-            "driver_libs": self.var(task_vars, "_container_driver_libs"),
-            "driver_version": self.var(task_vars, "_container_driver_version"),
-            "driver_lib_dir": self.var(task_vars, "_container_driver_lib_dir")})
+            "devices": paths.get("devices"), "driver_libs": paths.get("driver_libs"),
+            "driver_version": paths.get("driver_version"), "driver_lib_dir": paths.get("driver_lib_dir")})
         dirs = {k: self.var(task_vars, "cluster_" + k) for k in ("code_dir", "output_root", "shared_root")}
         gpu_mode = engine.get("gpu_mode")
         context = dict(dirs, logger_module=opt["logger_module"], python=opt["python"], shm_size=opt["shm_size"],

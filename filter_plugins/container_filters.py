@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
 """Pure helpers of the container role's tasks: image references, the same-image-everywhere verdict, the docker forms
-of the options (mounts, ulimits, capabilities, the job's user), the driver's libraries of gpu mode devices, the reset
-summary. The role's records are plugin_utils/container_checks.py's (its mounts, ulimits and capabilities forms too).
+of the options (mounts, ulimits, capabilities, the job's user), the reset summary. The role's records are plugin_utils/container_checks.py's (its mounts, ulimits and capabilities forms too).
 
 Everything here takes plain data (dicts, lists, strings) and returns plain data, so it is unit-tested
 without a cluster (tests/unit/filters/test_container_filters.py).
@@ -9,7 +8,6 @@ without a cluster (tests/unit/filters/test_container_filters.py).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -163,76 +161,6 @@ def job_user(user, home: str) -> dict:
             "env": {"HOME": home, "USER": "trainyard", "LOGNAME": "trainyard"} if ids else {}}
 
 
-# The driver's user-space libraries a CUDA container needs, by the name stem nvidia-container-cli looks up in the
-# ld cache (its "utility" and "compute" capabilities): every soname of these stems is bind-mounted read-only.
-DRIVER_LIB_STEMS = (
-    "libnvidia-ml", "libnvidia-cfg",  # utility: NVML (nvidia-smi, NCCL's topology), the config library
-    "libcuda", "libcudadebugger", "libnvidia-opencl", "libnvidia-gpucomp", "libnvidia-ptxjitcompiler",
-    "libnvidia-fatbinaryloader", "libnvidia-allocator", "libnvidia-compiler", "libnvidia-pkcs11",
-    "libnvidia-pkcs11-openssl3", "libnvidia-nvvm",  # compute
-)
-# Where the libraries appear inside the container: the directory NVIDIA's CUDA images put on LD_LIBRARY_PATH.
-DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
-
-
-def ldcache_driver_libs(ldconfig_stdout: str, arch: str = "x86-64") -> list:
-    """`ldconfig -p` output -> [{name, path}] of the driver's libraries for this architecture, in cache order.
-
-    An entry looks like `libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1`; 32-bit entries
-    (`(libc6)`) and other architectures are left out, and a name is kept once (the first path, as the loader does).
-    """
-    out, seen = [], set()
-    for line in (ldconfig_stdout or "").splitlines():
-        name, sep, path = line.strip().partition(" => ")
-        if not sep:
-            continue
-        name, _, tag = name.partition(" (")
-        if arch not in tag:
-            continue
-        stem = name.split(".so", 1)[0]
-        if stem in DRIVER_LIB_STEMS and name not in seen and ".so" in name:
-            seen.add(name)
-            out.append({"name": name, "path": path.strip()})
-    return out
-
-
-def driver_lib_mounts(libs: list, stats: list, driver_version: str, lib_dir: str = DRIVER_LIB_DIR) -> dict:
-    """The driver's libraries that belong to the running driver -> read-only bind mounts.
-
-    libs: ldcache_driver_libs(); stats: for each, the stat result of its path ({exists, lnk_source, islnk}) in
-    the same order; driver_version: nvidia-smi's driver version. Like nvidia-container-cli, a library is taken only
-    when the file it resolves to carries the driver's version (libcuda.so.580.159.04): a leftover of another driver
-    in the cache would crash CUDA with a version mismatch. Returns {mounts: [{source, target, read_only}],
-    libraries: [names], stale: ["name -> file"], missing: [stems nvidia-smi and CUDA need that were not found]}.
-    """
-    mounts, names, stale = [], [], []
-    suffix = ".so." + str(driver_version or "").strip()
-    for lib, st in zip(libs or [], stats or []):
-        st = st or {}
-        if not st.get("exists"):
-            continue
-        real = st.get("lnk_source") if st.get("islnk") else lib["path"]
-        real = real or lib["path"]
-        if not driver_version or not real.endswith(suffix):
-            stale.append(f"{lib['name']} -> {real}")
-            continue
-        mounts.append({"source": real, "target": f"{lib_dir.rstrip('/')}/{lib['name']}", "read_only": True})
-        names.append(lib["name"])
-    found = {n.split(".so", 1)[0] for n in names}
-    missing = [s for s in ("libcuda", "libnvidia-ml") if s not in found]
-    return {"mounts": mounts, "libraries": names, "stale": stale, "missing": missing}
-
-
-def gpu_device_nodes(paths: list) -> list:
-    """/dev/nvidia* paths found on the node -> docker `devices` entries (rwm, same path inside).
-
-    The GPUs (/dev/nvidia0..N), the control devices (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
-    /dev/nvidia-modeset); /dev/nvidia-caps (MIG capabilities) only when present and asked for by the caller.
-    """
-    keep = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset)$")
-    return [f"{p}:{p}:rwm" for p in sorted(set(paths or []), key=lambda x: (len(x), x)) if keep.match(p)]
-
-
 def reset_summary(name, restarted, recreate_error, existed, recreated):
     """The container's line of reset.yml's summary: restarted, a failed recreate (its message, cut to 200
     characters), recreated or created, or left alone."""
@@ -257,8 +185,5 @@ class FilterModule:
             "container_ulimits_spec": ulimits_spec,
             "container_caps_spec": caps_spec,
             "container_job_user": job_user,
-            "container_ldcache_driver_libs": ldcache_driver_libs,
-            "container_driver_lib_mounts": driver_lib_mounts,
-            "container_gpu_device_nodes": gpu_device_nodes,
             "container_reset_summary": reset_summary,
         }

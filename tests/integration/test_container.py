@@ -170,6 +170,31 @@ def test_changing_shm_size_recreates_the_container(converged, tmp_path):
         assert r.returncode == 0, r.stdout[-4000:]
 
 
+def test_gpu_mode_devices_gives_the_container_what_the_node_has_and_names_what_it_lacks(converged, tmp_path):
+    """container_gpus all with gpu mode devices on a CPU node: the engine probe reads the node's GPU paths in its own
+    task (no other task runs for them); the stand-in nvidia-smi the node has is mounted read-only where the container
+    looks for it, the driver's library directory is on LD_LIBRARY_PATH, and container.gpus fails naming the libraries
+    the node lacks. The node's usual container comes back afterwards."""
+    cluster = converged
+    node = cluster.nodes[-1]
+    opts = ("-e", "container_gpus=all", "-e", "container_gpu_mode=devices", "--limit", f"{node},localhost")
+    try:
+        r, records, _ = converge(cluster, tmp_path, *opts)
+        assert "Find the GPU device nodes" not in r.stdout and "List the NVIDIA device nodes" not in r.stdout
+        gpus = records[node]["container.gpus"]
+        assert gpus["status"] == "fail" and gpus["data"]["gpu_mode"] == "devices", gpus
+        assert "missing libcuda, libnvidia-ml" in gpus["detail"] and node in gpus["fix"], gpus
+        info = inspect(cluster, node)
+        smi = [m for m in info["Mounts"] if m["Destination"] == "/usr/local/nvidia/bin/nvidia-smi"]
+        assert smi and smi[0]["Source"] == "/usr/local/bin/nvidia-smi" and smi[0]["RW"] is False, info["Mounts"]
+        env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+        assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64" and env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    finally:
+        r, records, _ = converge(cluster, tmp_path, "--limit", f"{node},localhost")
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert_healthy(records, [node])
+
+
 def test_preflight_entry_point_reads_only(converged, tmp_path):
     cluster = converged
     node = cluster.nodes[-1]

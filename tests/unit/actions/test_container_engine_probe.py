@@ -97,3 +97,27 @@ def test_no_pull_where_the_engine_does_not_answer_or_none_is_asked_for():
                                          "pull": REFUSED_PULL})
     assert r["engine_ok"] is False and "pull" not in r and not r["changed"], r
     assert "pull" not in adhoc("container_engine_probe", {"answer": OK, "container_gpus": "none"})
+
+
+def test_gpu_mode_devices_reads_the_node_s_gpu_paths_in_the_same_task(tmp_path: Path):
+    """gpu mode devices (an engine without the NVIDIA runtime): the device nodes, the driver's libraries and nvidia-smi
+    come back in the probe's own result (gpu_paths), read by the module container_gpu_paths in the same task; where
+    the runtime serves, or the container gets no GPUs, nothing is read."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("")
+    given = {"can_talk_to_docker": True, "host_info": {"Runtimes": {"runc": {}}}}
+    paths = {"lib_dir": "/opt/driver/lib", "nvidia_smi_paths": [str(tmp_path / "absent"), str(smi)]}
+    r = adhoc("container_engine_probe", {"answer": given, "container_gpus": "all", "container_gpu_mode": "auto",
+                                         "gpu_paths": paths})
+    assert r["gpu_mode"] == "devices" and r["gpus"] is True, r
+    got = r["gpu_paths"]
+    assert got["nvidia_smi"] == str(smi) and got["driver_lib_dir"] == "/opt/driver/lib", got
+    assert got["devices"] == sorted((f"/dev/{n}:/dev/{n}:rwm" for n in os.listdir("/dev")
+                                     if n.startswith("nvidia") and (n[6:].isdigit() or n[6:] in (
+                                         "ctl", "-uvm", "-uvm-tools", "-modeset"))),
+                                    key=lambda d: (len(d.split(":")[0]), d))
+    assert set(got["driver_libs"]) == {"mounts", "libraries", "stale", "missing"}
+    runtime = adhoc("container_engine_probe", {"answer": dict(given, host_info={"Runtimes": {"nvidia": {}}}),
+                                               "container_gpus": "all", "gpu_paths": paths})
+    none = adhoc("container_engine_probe", {"answer": given, "container_gpus": "none", "gpu_paths": paths})
+    assert "gpu_paths" not in runtime and "gpu_paths" not in none, (runtime, none)

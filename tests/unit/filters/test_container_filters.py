@@ -258,61 +258,6 @@ def test_health_records_when_probe_cannot_run():
     assert len(skipped) == 10 and all(r["status"] == "skip" and "not running" in r["detail"] for r in skipped)
 
 
-# ---------------------------------------------------------------- gpu mode devices
-
-# `ldconfig -p` of a node with driver 580.159.04, a leftover of driver 570 in the cache, and 32-bit entries.
-LDCACHE = """1234 libs found in cache `/etc/ld.so.cache'
-\tlibnvidia-ptxjitcompiler.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1
-\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
-\tlibnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1
-\tlibnvidia-nvvm.so.4 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4
-\tlibnvidia-opencl.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1
-\tlibnvidia-glcore.so.580.159.04 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-glcore.so.580.159.04
-\tlibcudart.so.13 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.13
-\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
-\tlibcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
-\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
-\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
-"""
-
-
-def test_ldcache_driver_libs_keeps_the_drivers_64_bit_libraries_once():
-    libs = cf.ldcache_driver_libs(LDCACHE)
-    assert [x["name"] for x in libs] == ["libnvidia-ptxjitcompiler.so.1", "libnvidia-ml.so.1", "libnvidia-nvvm.so.4",
-                                         "libnvidia-opencl.so.1", "libcuda.so.1", "libcuda.so"]
-    assert all("/x86_64-linux-gnu/" in x["path"] for x in libs)  # no i386, no CUDA runtime, no GL
-
-
-def test_driver_lib_mounts_take_only_the_running_drivers_files():
-    libs = cf.ldcache_driver_libs(LDCACHE)
-    d = "/usr/lib/x86_64-linux-gnu/"
-    stats = [{"exists": True, "islnk": True, "lnk_source": d + "libnvidia-ptxjitcompiler.so.580.159.04"},
-             {"exists": True, "islnk": True, "lnk_source": d + "libnvidia-ml.so.580.159.04"},
-             {"exists": True, "islnk": True, "lnk_source": d + "libnvidia-nvvm.so.570.86.10"},  # stale leftover
-             {"exists": False},
-             {"exists": True, "islnk": True, "lnk_source": d + "libcuda.so.580.159.04"},
-             {"exists": True, "islnk": True, "lnk_source": d + "libcuda.so.580.159.04"}]
-    out = cf.driver_lib_mounts(libs, stats, "580.159.04", "/usr/local/nvidia/lib64")
-    assert out["libraries"] == ["libnvidia-ptxjitcompiler.so.1", "libnvidia-ml.so.1", "libcuda.so.1", "libcuda.so"]
-    assert out["stale"] == [f"libnvidia-nvvm.so.4 -> {d}libnvidia-nvvm.so.570.86.10"]
-    assert out["missing"] == []
-    assert {"source": d + "libcuda.so.580.159.04", "target": "/usr/local/nvidia/lib64/libcuda.so.1",
-            "read_only": True} in out["mounts"]
-    assert all(m["read_only"] for m in out["mounts"])
-    # another driver version than nvidia-smi reports: nothing fits, libcuda and NVML are named missing
-    other = cf.driver_lib_mounts(libs, stats, "590.1.2")
-    assert other["mounts"] == [] and other["missing"] == ["libcuda", "libnvidia-ml"]
-
-
-def test_gpu_device_nodes_leave_out_caps_and_unknown_nodes():
-    found = ["/dev/nvidia-caps", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm",
-             "/dev/nvidia-uvm-tools", "/dev/nvidia10", "/dev/nvidia-modeset", "/dev/nvidia-fs"]
-    assert cf.gpu_device_nodes(found) == [
-        "/dev/nvidia0:/dev/nvidia0:rwm", "/dev/nvidia1:/dev/nvidia1:rwm", "/dev/nvidia10:/dev/nvidia10:rwm",
-        "/dev/nvidiactl:/dev/nvidiactl:rwm", "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
-        "/dev/nvidia-modeset:/dev/nvidia-modeset:rwm", "/dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm"]
-
-
 def test_gpu_visible_verdict():
     want = ["GPU-aaaa", "GPU-bbbb"]
     assert cc.gpu_visible_verdict({"uuids": ["GPU-bbbb", "GPU-aaaa"]}, want, "devices")["status"] == "pass"

@@ -57,6 +57,56 @@ def engine_view(answer, container_gpus, container_gpu_mode, nvidiactl):
             "gpu_mode": mode}
 
 
+# Where the driver's libraries appear inside the container: the directory NVIDIA's CUDA images put on LD_LIBRARY_PATH.
+DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
+
+
+def driver_lib_mounts(libs: list, driver_version: str, lib_dir: str = DRIVER_LIB_DIR) -> dict:
+    """The driver's libraries that belong to the running driver -> read-only bind mounts.
+
+    libs: the module container_gpu_paths's libraries ({name, path, exists, islnk, lnk_source}, as stat gives the last
+    three); driver_version: nvidia-smi's driver version. Like nvidia-container-cli, a library is taken only when the
+    file it resolves to carries the driver's version (libcuda.so.580.159.04): a leftover of another driver in the
+    cache would crash CUDA with a version mismatch. Returns {mounts: [{source, target, read_only}], libraries:
+    [names], stale: ["name -> file"], missing: [stems nvidia-smi and CUDA need that were not found]}.
+    """
+    mounts, names, stale = [], [], []
+    suffix = ".so." + str(driver_version or "").strip()
+    for lib in libs or []:
+        if not lib.get("exists"):
+            continue
+        real = (lib.get("lnk_source") if lib.get("islnk") else lib["path"]) or lib["path"]
+        if not driver_version or not real.endswith(suffix):
+            stale.append(f"{lib['name']} -> {real}")
+            continue
+        mounts.append({"source": real, "target": f"{lib_dir.rstrip('/')}/{lib['name']}", "read_only": True})
+        names.append(lib["name"])
+    found = {n.split(".so", 1)[0] for n in names}
+    missing = [s for s in ("libcuda", "libnvidia-ml") if s not in found]
+    return {"mounts": mounts, "libraries": names, "stale": stale, "missing": missing}
+
+
+def gpu_device_nodes(paths: list) -> list:
+    """/dev/nvidia* paths found on the node -> docker `devices` entries (rwm, same path inside).
+
+    The GPUs (/dev/nvidia0..N), the control devices (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
+    /dev/nvidia-modeset); /dev/nvidia-caps (MIG capabilities) only when present and asked for by the caller.
+    """
+    keep = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset)$")
+    return [f"{p}:{p}:rwm" for p in sorted(set(paths or []), key=lambda x: (len(x), x)) if keep.match(p)]
+
+
+def gpu_paths(read: dict, driver_version, lib_dir: str = DRIVER_LIB_DIR) -> dict:
+    """What gpu mode devices gives the container, from the module container_gpu_paths's answer (read) and the running
+    driver's version (nvidia_gpu_facts): devices (docker devices entries), driver_libs (driver_lib_mounts), nvidia_smi
+    (its path on the node, empty when none), driver_version and driver_lib_dir (for the container.gpus record)."""
+    read = read or {}
+    return {"devices": gpu_device_nodes(read.get("device_nodes")),
+            "driver_libs": driver_lib_mounts(read.get("libraries"), driver_version, lib_dir),
+            "nvidia_smi": str(read.get("nvidia_smi") or ""), "driver_version": driver_version,
+            "driver_lib_dir": lib_dir}
+
+
 def engine_record(ok, host_info=None, msg=""):
     """container.engine: ok, whether community.docker's docker_host_info talked to the engine; host_info, its
     host_info (ServerVersion, Driver, CgroupVersion); msg, its message when it did not (whitespace-normalised)."""
@@ -116,7 +166,7 @@ def _gpus_detail(ctx, libs):
 def gpus_record(ctx):
     """container.gpus from ctx: node (inventory name), engine_ok, container_gpus and container_gpu_mode (the
     options), gpus (whether the container gets GPUs), gpu_mode (runtime or devices, auto resolved), runtimes (the
-    engine's), and for gpu mode devices: devices (docker devices entries), driver_libs (container_driver_lib_mounts's
+    engine's), and for gpu mode devices: devices (docker devices entries), driver_libs (driver_lib_mounts's
     answer), driver_version (None: not read), driver_lib_dir."""
     ctx = ctx or {}
     libs = ctx.get("driver_libs") or {}
@@ -479,7 +529,7 @@ def verify_inputs(v):
     manifest), check_mode, digest (this node's container_digest_verdicts entry); the role's
     options name, image, registry (the image's, resolved), registry_username, user, cap_add, no_new_privileges,
     ulimits, mounts (container_mounts + container_mounts_extra), container_gpus, container_gpu_mode, and what
-    tasks/gpu_devices.yml found (devices, driver_libs, driver_version, driver_lib_dir; absent where it did not run).
+    the engine probe's gpu_paths gave (devices, driver_libs, driver_version, driver_lib_dir; absent elsewhere).
 
     Returns {records, inspect (the container's inspect data, None when it does not exist), running (it runs and the
     engine answers: the probe can run), skip_reason (why not)}.
