@@ -60,10 +60,24 @@ def _facts(local):
     return facts
 
 
-def _run(tmp_path, entry):
+# The project's plugins without its callbacks (the records callback among them).
+NO_CALLBACK_CFG = """[defaults]
+library = {repo}/library
+action_plugins = {repo}/action_plugins
+filter_plugins = {repo}/filter_plugins
+roles_path = {repo}/roles
+collections_path = {repo}/collections:~/.ansible/collections
+"""
+
+
+def _run(tmp_path, entry, callback=True):
     (tmp_path / "inventory.json").write_text(json.dumps(_inventory(_facts(False), _facts(True))))
     (tmp_path / "pb.yml").write_text(PLAYBOOK.format(entry=entry))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    if not callback:
+        (tmp_path / "ansible.cfg").write_text(NO_CALLBACK_CFG.format(repo=REPO))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+        env.update(ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     # This machine has no nvidia-smi: a node's own read fails, as on a node without the driver (its records say so).
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
                         str(tmp_path / "inventory.json"), "-e", "fabricmanager_install=false", str(tmp_path / "pb.yml")],
@@ -96,6 +110,14 @@ def test_one_task_records_the_nodes_that_need_nothing_of_their_own_and_the_other
     assert set(hosts["n2"]["status"].values()) == {"skip"}  # its own never, not the play's auto
     assert set(hosts["n5"]["status"].values()) == {"skip"}  # the probe's kept value over the inventory's
     assert set(hosts["n3"]["status"].values()) == {"skip"}  # its own read found no nvidia-smi
+
+
+def test_without_the_records_callback_every_node_takes_its_own_steps(tmp_path):
+    """Records for other nodes need the records callback: without it the one task records nothing and every node
+    goes on to the per-node steps, which record its own checks as before."""
+    hosts, per_node = _run(tmp_path, "preflight", callback=False)
+    assert per_node == set(hosts) and set(hosts["n1"]["own"]) == set(hosts)
+    assert hosts["n1"]["status"]["fabricmanager.fabric"] == "pass" and set(hosts["n2"]["status"].values()) == {"skip"}
 
 
 @pytest.mark.parametrize("args, says", [
