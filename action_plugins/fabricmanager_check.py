@@ -132,8 +132,8 @@ class ActionModule(bases.ControllerAction):
         own, records = [], []
         for host in (str(n) for n in nodes):
             hv = hostvars[host] if host in hostvars else {}  # one read of the host's variables, templated as its own
-            kept = kept_of.get(host) or {}
-            required, service_name = (str(kept[name] if name in kept else hv[name] if name in hv else mine[name])
+            its = kept_of.get(host) or {}
+            required, service_name = (str(its[name] if name in its else hv[name] if name in hv else mine[name])
                                       for name, _ in _OPTIONS)
             probe = hv["trainyard_init"] if "trainyard_init" in hv else None
             known = "nvidia_gpu_facts" in hv
